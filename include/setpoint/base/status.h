@@ -1,0 +1,67 @@
+// Status helpers: propagation macros and annotation for absl::Status.
+//
+// Debian's abseil (20220623) has no status macros, so setpoint brings its own in
+// the shape of Abseil's:
+//
+//   absl::StatusOr<int> ParsePort(std::string_view s);
+//   absl::Status Connect(std::string_view addr) {
+//     SETPOINT_ASSIGN_OR_RETURN(int port, ParsePort(addr));
+//     SETPOINT_RETURN_IF_ERROR(Dial(port));
+//     return absl::OkStatus();
+//   }
+//
+// Thread safety: stateless; safe from any thread.
+#ifndef SETPOINT_BASE_STATUS_H_
+#define SETPOINT_BASE_STATUS_H_
+
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace setpoint {
+
+// Returns `status` with `message` prepended as context ("message: original").
+// An OK status is returned unchanged. The code and payloads are kept.
+absl::Status Annotate(const absl::Status& status, std::string_view message);
+
+// Returns true for codes that a retry cannot fix: kInvalidArgument,
+// kPermissionDenied, kFailedPrecondition, kUnimplemented, kUnauthenticated and
+// kOutOfRange. Used as the default "do not retry" rule across setpoint.
+bool IsTerminalError(const absl::Status& status);
+
+namespace internal {
+inline absl::Status AsStatus(absl::Status s) { return s; }
+template <typename T>
+absl::Status AsStatus(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+}  // namespace internal
+
+}  // namespace setpoint
+
+#define SETPOINT_INTERNAL_CONCAT_IMPL(a, b) a##b
+#define SETPOINT_INTERNAL_CONCAT(a, b) SETPOINT_INTERNAL_CONCAT_IMPL(a, b)
+
+// Evaluates `expr` (an absl::Status or absl::StatusOr) and returns its status
+// from the enclosing function when it is not OK.
+#define SETPOINT_RETURN_IF_ERROR(expr)                                      \
+  do {                                                                      \
+    ::absl::Status setpoint_status_ = ::setpoint::internal::AsStatus(expr); \
+    if (!setpoint_status_.ok()) return setpoint_status_;                    \
+  } while (false)
+
+// Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status from
+// the enclosing function, otherwise moves the value into `lhs`, which may be a
+// declaration (`auto x`) or an existing variable.
+#define SETPOINT_ASSIGN_OR_RETURN(lhs, rexpr)                                  \
+  SETPOINT_INTERNAL_ASSIGN_OR_RETURN(                                          \
+      SETPOINT_INTERNAL_CONCAT(setpoint_statusor_, __LINE__), lhs, rexpr)
+
+#define SETPOINT_INTERNAL_ASSIGN_OR_RETURN(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                                       \
+  if (!tmp.ok()) return std::move(tmp).status();            \
+  lhs = std::move(tmp).value()
+
+#endif  // SETPOINT_BASE_STATUS_H_

@@ -1,0 +1,68 @@
+#include "setpoint/base/backoff.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+
+namespace setpoint {
+namespace {
+
+BackoffOptions Clamp(BackoffOptions o) {
+  if (o.initial <= absl::ZeroDuration()) o.initial = absl::Nanoseconds(1);
+  if (o.max < o.initial) o.max = o.initial;
+  if (!(o.multiplier >= 1.0)) o.multiplier = 1.0;
+  if (!(o.jitter >= 0.0)) o.jitter = 0.0;
+  if (o.jitter > 1.0) o.jitter = 1.0;
+  return o;
+}
+
+uint64_t RandomSeed() {
+  absl::BitGen gen;
+  return absl::Uniform<uint64_t>(gen);
+}
+
+}  // namespace
+
+absl::Status ValidateBackoffOptions(const BackoffOptions& o) {
+  if (o.initial <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backoff options: initial must be > 0, got ", absl::FormatDuration(o.initial)));
+  }
+  if (o.max < o.initial) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backoff options: max (", absl::FormatDuration(o.max),
+        ") must be >= initial (", absl::FormatDuration(o.initial), ")"));
+  }
+  if (!(o.multiplier >= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backoff options: multiplier must be >= 1, got ", o.multiplier));
+  }
+  if (!(o.jitter >= 0.0 && o.jitter <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backoff options: jitter must be in [0, 1], got ", o.jitter));
+  }
+  return absl::OkStatus();
+}
+
+Backoff::Backoff(BackoffOptions options) : Backoff(options, RandomSeed()) {}
+
+Backoff::Backoff(BackoffOptions options, uint64_t seed)
+    : options_(Clamp(options)), rng_(seed) {}
+
+absl::Duration Backoff::Next() {
+  // Grow in floating point, capped, so large attempt counts cannot overflow.
+  double base = absl::ToDoubleSeconds(options_.initial) *
+                std::pow(options_.multiplier, attempts_);
+  double cap = absl::ToDoubleSeconds(options_.max);
+  if (!(base < cap)) base = cap;
+  if (attempts_ < (1 << 20)) ++attempts_;
+  if (options_.jitter > 0.0) {
+    std::uniform_real_distribution<double> frac(0.0, options_.jitter);
+    base *= 1.0 - frac(rng_);
+  }
+  return std::max(absl::Seconds(base), absl::Nanoseconds(1));
+}
+
+}  // namespace setpoint

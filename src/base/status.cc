@@ -1,0 +1,35 @@
+#include "setpoint/base/status.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace setpoint {
+
+absl::Status Annotate(const absl::Status& status, std::string_view message) {
+  if (status.ok() || message.empty()) return status;
+  absl::Status annotated(status.code(),
+                         absl::StrCat(absl::string_view(message.data(), message.size()),
+                                      ": ", status.message()));
+  status.ForEachPayload(
+      [&annotated](absl::string_view type_url, const absl::Cord& payload) {
+        annotated.SetPayload(type_url, payload);
+      });
+  return annotated;
+}
+
+bool IsTerminalError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kOutOfRange:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace setpoint

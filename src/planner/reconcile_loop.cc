@@ -1,0 +1,192 @@
+#include "setpoint/planner/reconcile_loop.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "setpoint/base/format.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+namespace {
+
+ReconcileLoopOptions Clamp(ReconcileLoopOptions o) {
+  if (o.interval <= absl::ZeroDuration()) o.interval = absl::Milliseconds(1);
+  if (!(o.jitter >= 0.0)) o.jitter = 0.0;
+  if (o.jitter > 1.0) o.jitter = 1.0;
+  if (o.clock == nullptr) o.clock = Clock::Real();
+  if (o.logger == nullptr) o.logger = spdlog::default_logger();
+  if (o.scheduler.logger == nullptr) o.scheduler.logger = o.logger;
+  if (o.seed == 0) {
+    absl::BitGen gen;
+    o.seed = absl::Uniform<uint64_t>(gen) | 1;
+  }
+  return o;
+}
+
+}  // namespace
+
+absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& o) {
+  if (o.interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconcile loop options: interval must be > 0, got ",
+                     absl::FormatDuration(o.interval)));
+  }
+  if (!(o.jitter >= 0.0 && o.jitter <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reconcile loop options: jitter must be in [0, 1], got ", o.jitter));
+  }
+  if (o.clock == nullptr) {
+    return absl::InvalidArgumentError("reconcile loop options: clock is null");
+  }
+  absl::Status s = ValidateBackoffOptions(o.failure_backoff);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reconcile loop options: failure_backoff: ", s.message()));
+  }
+  return ValidateSchedulerOptions(o.scheduler);
+}
+
+ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
+    : plan_(plan),
+      options_(Clamp(std::move(options))),
+      scheduler_(options_.scheduler),
+      clock_(options_.clock),
+      logger_(options_.logger.get()),
+      failure_backoff_(options_.failure_backoff, options_.seed),
+      rng_(options_.seed + 1) {}
+
+ReconcileLoop::~ReconcileLoop() { Stop(); }
+
+absl::Status ReconcileLoop::Start() {
+  {
+    MutexLock l(&mu_);
+    if (running_ || thread_.joinable()) {
+      return absl::FailedPreconditionError("start reconcile loop: already running");
+    }
+  }
+  thread_ = std::jthread([this](std::stop_token stop) {
+    pthread_setname_np(pthread_self(), "sp-reconcile");
+    absl::Status s = Run(Context(stop, clock_));
+    if (!s.ok() && !absl::IsCancelled(s)) {
+      SPDLOG_LOGGER_ERROR(logger_, "reconcile loop ended plan={} err={}",
+                          plan_.Name(), s);
+    }
+  });
+  return absl::OkStatus();
+}
+
+void ReconcileLoop::Stop() {
+  if (!thread_.joinable()) return;
+  thread_.request_stop();
+  thread_.join();
+  thread_ = std::jthread();
+}
+
+void ReconcileLoop::Trigger() {
+  MutexLock l(&mu_);
+  ++stats_.triggers;
+  triggered_ = true;
+  cv_.SignalAll();
+}
+
+std::optional<ExecutionReport> ReconcileLoop::last_report() const {
+  MutexLock l(&mu_);
+  return last_report_;
+}
+
+ReconcileLoopStats ReconcileLoop::stats() const {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+absl::Duration ReconcileLoop::NextWait(bool failed) {
+  MutexLock l(&mu_);
+  if (failed) return failure_backoff_.Next();
+  failure_backoff_.Reset();
+  std::uniform_real_distribution<double> frac(0.0, options_.jitter);
+  double extra = options_.jitter > 0.0 ? frac(rng_) : 0.0;
+  return options_.interval * (1.0 + extra);
+}
+
+bool ReconcileLoop::GateOpen() {
+  if (!options_.gate) return true;
+  try {
+    return options_.gate();
+  } catch (const std::exception& e) {
+    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={} err=\"{}\"",
+                       plan_.Name(), e.what());
+  } catch (...) {
+    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={}", plan_.Name());
+  }
+  return false;
+}
+
+absl::Status ReconcileLoop::Run(const Context& ctx) {
+  {
+    MutexLock l(&mu_);
+    if (running_) {
+      return absl::FailedPreconditionError("run reconcile loop: already running");
+    }
+    running_ = true;
+  }
+  absl::Time next = clock_->Now();  // The first execution starts at once.
+  while (true) {
+    {
+      MutexLock l(&mu_);
+      clock_->AwaitWithDeadline(&mu_, &cv_, next, ctx.stop_token(), [this] {
+        mu_.AssertHeld();
+        return triggered_;
+      });
+      if (ctx.Done()) {
+        running_ = false;
+        return ctx.Err();
+      }
+      // A trigger that arrives while this execution runs leads to another.
+      triggered_ = false;
+    }
+    if (!GateOpen()) {
+      {
+        MutexLock l(&mu_);
+        ++stats_.skipped_by_gate;
+      }
+      SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}", plan_.Name());
+      next = clock_->Now() + NextWait(false);
+      continue;
+    }
+    ExecutionReport report = scheduler_.Execute(ctx, plan_);
+    bool failed = !report.status.ok();
+    if (options_.on_report) {
+      try {
+        options_.on_report(report);
+      } catch (const std::exception& e) {
+        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={} err=\"{}\"",
+                           plan_.Name(), e.what());
+      } catch (...) {
+        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}", plan_.Name());
+      }
+    }
+    {
+      MutexLock l(&mu_);
+      ++stats_.executions;
+      if (failed) {
+        ++stats_.failures;
+        ++stats_.consecutive_failures;
+      } else {
+        stats_.consecutive_failures = 0;
+      }
+      last_report_ = std::move(report);
+    }
+    absl::Duration wait = NextWait(failed);
+    if (failed && !ctx.Done()) {
+      SPDLOG_LOGGER_WARN(logger_, "reconcile failed, backing off plan={} after={}",
+                         plan_.Name(), wait);
+    }
+    next = clock_->Now() + wait;
+  }
+}
+
+}  // namespace setpoint

@@ -1,0 +1,467 @@
+#include "setpoint/planner/scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/base/format.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+namespace {
+
+std::atomic<uint64_t> g_next_execution_id{1};
+
+// How many names an error message lists before it says "+N more".
+constexpr size_t kMaxNamesInMessage = 10;
+
+std::string ExceptionText() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+absl::StatusOr<Procedures> SafeCreate(Plan& plan, const Context& ctx) {
+  try {
+    return plan.Create(ctx);
+  } catch (...) {
+    return absl::UnknownError(absl::StrCat("threw: ", ExceptionText()));
+  }
+}
+
+absl::StatusOr<Procedures> SafeDo(Procedure& procedure, const Context& ctx) {
+  try {
+    return procedure.Do(ctx);
+  } catch (...) {
+    return absl::UnknownError(absl::StrCat("threw: ", ExceptionText()));
+  }
+}
+
+std::string SafePlanName(const Plan& plan) {
+  try {
+    std::string name = plan.Name();
+    return name.empty() ? std::string("(unnamed plan)") : name;
+  } catch (...) {
+    return "(plan name threw)";
+  }
+}
+
+// Checks a returned list for null and unnamed procedures.
+absl::Status ValidateProcedures(const Procedures& list) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("returned a null procedure at index ", i, " of ",
+                       list.size()));
+    }
+    if (list[i]->Name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("returned a procedure with an empty name at index ", i,
+                       " of ", list.size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string NameList(const Procedures& list) {
+  std::vector<absl::string_view> names;
+  for (size_t i = 0; i < list.size() && i < kMaxNamesInMessage; ++i) {
+    names.push_back(list[i]->Name());
+  }
+  std::string out = absl::StrJoin(names, ", ");
+  if (list.size() > kMaxNamesInMessage) {
+    absl::StrAppend(&out, " (+", list.size() - kMaxNamesInMessage, " more)");
+  }
+  return out;
+}
+
+bool IsRetryable(const RetryPolicy& policy, const absl::Status& status) {
+  if (!policy.retryable) return !IsTerminalError(status);
+  try {
+    return policy.retryable(status);
+  } catch (...) {
+    return false;
+  }
+}
+
+SchedulerOptions Clamp(SchedulerOptions o) {
+  o.max_rounds = std::max(o.max_rounds, 1);
+  o.max_recorded_steps = std::max<int64_t>(o.max_recorded_steps, 0);
+  o.parallelism = std::max(o.parallelism, 1);
+  o.default_retry.max_attempts = std::max(o.default_retry.max_attempts, 1);
+  if (o.logger == nullptr) o.logger = spdlog::default_logger();
+  return o;
+}
+
+// A procedure accepted but not yet started.
+struct Pending {
+  std::unique_ptr<Procedure> procedure;
+  int64_t parent;  // Step id of the procedure that returned it; -1 for Create.
+};
+
+// The outcome of one step (all attempts).
+struct StepResult {
+  absl::Status status;
+  Procedures children;
+  int attempts = 0;
+};
+
+// The state of one Execute call.
+class Execution {
+ public:
+  Execution(const SchedulerOptions& options, const Context& ctx, Plan& plan)
+      : options_(options),
+        ctx_(ctx),
+        plan_(plan),
+        clock_(ctx.clock()),
+        logger_(options.logger.get()),
+        debug_(logger_ != nullptr &&
+               logger_->should_log(spdlog::level::debug)) {
+    report_.plan = SafePlanName(plan);
+    report_.execution_id = g_next_execution_id.fetch_add(1);
+    report_.started = clock_->Now();
+  }
+
+  ExecutionReport Run() {
+    for (int round = 1;; ++round) {
+      if (ctx_.Done()) {
+        Fail(Annotate(ctx_.Err(), absl::StrCat(Op(), ": stopped before create round=", round)));
+        break;
+      }
+      absl::StatusOr<Procedures> created = SafeCreate(plan_, ctx_);
+      if (created.ok()) {
+        absl::Status valid = ValidateProcedures(*created);
+        if (!valid.ok()) {
+          for (auto& p : *created) {
+            if (p != nullptr) RecordNotRun(Pending{std::move(p), -1}, round);
+          }
+          created = valid;
+        }
+      }
+      if (!created.ok()) {
+        Fail(Annotate(created.status(),
+                      absl::StrCat(Op(), " create round=", round)));
+        break;
+      }
+      if (created->empty()) break;  // Converged.
+      if (round > options_.max_rounds) {
+        Fail(absl::AbortedError(absl::StrCat(
+            Op(), ": did not converge after max_rounds=", options_.max_rounds,
+            "; create still returns ", created->size(), " procedures: ",
+            NameList(*created))));
+        break;
+      }
+      report_.rounds = round;
+      round_ = round;
+      stack_.reserve(stack_.size() + created->size());
+      for (auto it = created->rbegin(); it != created->rend(); ++it) {
+        stack_.push_back(Pending{std::move(*it), -1});
+      }
+      if (options_.parallelism == 1) {
+        RunSerial();
+      } else {
+        RunParallel();
+      }
+      // Anything left on the stack was accepted but the run stopped first.
+      while (!stack_.empty()) {
+        RecordNotRun(std::move(stack_.back()), round);
+        stack_.pop_back();
+      }
+      if (!failure_.ok()) break;
+    }
+    return Complete();
+  }
+
+ private:
+  std::string Op() const {
+    return absl::StrCat("execute plan=", report_.plan,
+                        " execution=", report_.execution_id);
+  }
+
+  void Fail(absl::Status status) {
+    if (failure_.ok()) failure_ = std::move(status);
+  }
+
+  bool Recording() const {
+    return static_cast<int64_t>(report_.steps.size()) <
+           options_.max_recorded_steps;
+  }
+
+  // Runs one procedure with its retry policy. Called without mu_ held.
+  StepResult RunStep(Procedure& procedure) {
+    const RetryPolicy& policy = procedure.retry_policy() != nullptr
+                                    ? *procedure.retry_policy()
+                                    : options_.default_retry;
+    StepResult result;
+    std::optional<Backoff> backoff;
+    while (true) {
+      ++result.attempts;
+      absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_);
+      if (out.ok()) {
+        result.status = ValidateProcedures(*out);
+        result.children = std::move(out).value();
+        return result;
+      }
+      result.status = std::move(out).status();
+      if (result.attempts >= policy.max_attempts || ctx_.Done() ||
+          !IsRetryable(policy, result.status)) {
+        return result;
+      }
+      if (!backoff) backoff.emplace(policy.backoff);
+      absl::Duration delay = backoff->Next();
+      if (logger_ != nullptr && logger_->should_log(spdlog::level::warn)) {
+        SPDLOG_LOGGER_WARN(
+            logger_, "retrying step plan={} execution={} step=\"{}\" attempt={}/{} after={} err={}",
+            report_.plan, report_.execution_id, procedure.Name(),
+            result.attempts, policy.max_attempts, delay, result.status);
+      }
+      ++retries_;
+      if (!ctx_.Wait(delay).ok()) return result;
+    }
+  }
+
+  // Records a finished step and queues its children. Returns false when the
+  // execution must stop (a failure without continue_on_failure).
+  bool Finish(Pending& pending, StepResult& result, absl::Time started,
+              absl::Duration took) {
+    ++report_.steps_run;
+    int64_t id = -1;
+    if (Recording()) {
+      id = static_cast<int64_t>(report_.steps.size());
+      StepRecord& rec = report_.steps.emplace_back();
+      rec.id = id;
+      rec.parent = pending.parent;
+      rec.round = round_;
+      rec.name = pending.procedure->Name();
+      rec.outcome = result.status.ok() ? StepOutcome::kSucceeded
+                                       : StepOutcome::kFailed;
+      rec.status = result.status;
+      rec.attempts = result.attempts;
+      rec.start = started - report_.started;
+      rec.duration = took;
+    } else {
+      report_.steps_truncated = true;
+    }
+    if (debug_) {
+      SPDLOG_LOGGER_DEBUG(logger_,
+                          "step done plan={} execution={} step=\"{}\" id={} "
+                          "parent={} attempts={} status={}",
+                          report_.plan, report_.execution_id,
+                          pending.procedure->Name(), id, pending.parent,
+                          result.attempts, result.status);
+    }
+    if (!result.status.ok()) {
+      ++report_.steps_failed;
+      // Children returned along with the failure (nulls refused) never run;
+      // they are reported, not dropped.
+      for (auto& child : result.children) {
+        if (child != nullptr) RecordNotRun(Pending{std::move(child), id}, round_);
+      }
+      Fail(Annotate(result.status,
+                    absl::StrCat(Op(), " step=\"", pending.procedure->Name(),
+                                 "\" attempts=", result.attempts)));
+      return options_.continue_on_failure;
+    }
+    for (auto it = result.children.rbegin(); it != result.children.rend();
+         ++it) {
+      stack_.push_back(Pending{std::move(*it), id});
+    }
+    return true;
+  }
+
+  void RecordNotRun(Pending pending, int round) {
+    ++report_.steps_not_run;
+    if (!Recording()) {
+      report_.steps_truncated = true;
+      return;
+    }
+    StepRecord& rec = report_.steps.emplace_back();
+    rec.id = static_cast<int64_t>(report_.steps.size()) - 1;
+    rec.parent = pending.parent;
+    rec.round = round;
+    rec.name = pending.procedure->Name();
+    rec.outcome = StepOutcome::kNotRun;
+  }
+
+  void StopBefore(const Pending& pending) {
+    report_.stopped_before = pending.procedure->Name();
+    Fail(Annotate(ctx_.Err(), absl::StrCat(Op(), ": stopped before step=\"",
+                                           pending.procedure->Name(), "\"")));
+  }
+
+  void RunSerial() {
+    while (!stack_.empty()) {
+      Pending pending = std::move(stack_.back());
+      stack_.pop_back();
+      if (ctx_.Done()) {
+        StopBefore(pending);
+        stack_.push_back(std::move(pending));
+        return;
+      }
+      bool timed = Recording();
+      absl::Time started = timed ? clock_->Now() : absl::InfinitePast();
+      StepResult result = RunStep(*pending.procedure);
+      absl::Duration took =
+          timed ? clock_->Now() - started : absl::ZeroDuration();
+      if (!Finish(pending, result, started, took)) return;
+    }
+  }
+
+  void RunParallel() {
+    Mutex mu;
+    CondVar cv;
+    int in_flight = 0;
+    bool stop = false;
+    auto worker = [&] {
+      MutexLock lock(&mu);
+      while (true) {
+        cv.Wait(&mu, {}, [&] {
+          return stop || !stack_.empty() || in_flight == 0;
+        });
+        if (stop || stack_.empty()) {
+          cv.SignalAll();
+          return;
+        }
+        Pending pending = std::move(stack_.back());
+        stack_.pop_back();
+        if (ctx_.Done()) {
+          StopBefore(pending);
+          stack_.push_back(std::move(pending));
+          stop = true;
+          cv.SignalAll();
+          return;
+        }
+        ++in_flight;
+        bool timed = Recording();
+        absl::Time started;
+        absl::Duration took;
+        StepResult result;
+        {
+          MutexUnlock unlock(&mu);
+          started = timed ? clock_->Now() : absl::InfinitePast();
+          result = RunStep(*pending.procedure);
+          took = timed ? clock_->Now() - started : absl::ZeroDuration();
+        }
+        --in_flight;
+        if (!Finish(pending, result, started, took)) stop = true;
+        cv.SignalAll();
+      }
+    };
+    std::vector<std::jthread> threads;
+    threads.reserve(options_.parallelism - 1);
+    for (int i = 1; i < options_.parallelism; ++i) threads.emplace_back(worker);
+    worker();
+    threads.clear();  // Joins.
+  }
+
+  ExecutionReport Complete() {
+    report_.retries = retries_.load();
+    report_.status = failure_;
+    report_.duration = clock_->Now() - report_.started;
+    if (logger_ != nullptr) {
+      if (report_.status.ok()) {
+        SPDLOG_LOGGER_INFO(logger_, "plan executed {}", report_.Summary());
+      } else {
+        SPDLOG_LOGGER_WARN(logger_, "plan failed {}", report_.Summary());
+      }
+    }
+    return std::move(report_);
+  }
+
+  const SchedulerOptions& options_;
+  const Context& ctx_;
+  Plan& plan_;
+  Clock* const clock_;
+  spdlog::logger* const logger_;
+  const bool debug_;
+
+  // With parallelism > 1 the members below are guarded by RunParallel's
+  // mutex while workers run; otherwise only the calling thread touches them.
+  ExecutionReport report_;
+  std::vector<Pending> stack_;
+  absl::Status failure_;
+  int round_ = 0;
+  std::atomic<int64_t> retries_{0};  // Bumped by workers without the mutex.
+};
+
+}  // namespace
+
+absl::Status ValidateSchedulerOptions(const SchedulerOptions& o) {
+  if (o.max_rounds < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler options: max_rounds must be >= 1, got ", o.max_rounds));
+  }
+  if (o.max_recorded_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler options: max_recorded_steps must be >= 0, got ",
+                     o.max_recorded_steps));
+  }
+  if (o.parallelism < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scheduler options: parallelism must be >= 1, got ", o.parallelism));
+  }
+  if (o.default_retry.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler options: default_retry.max_attempts must be "
+                     ">= 1, got ",
+                     o.default_retry.max_attempts));
+  }
+  return Annotate(ValidateBackoffOptions(o.default_retry.backoff),
+                  "scheduler options: default_retry");
+}
+
+std::string FormatPreview(const std::vector<PreviewItem>& items) {
+  if (items.empty()) return "  (nothing to do: converged)\n";
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    absl::StrAppend(&out, "  ", i + 1, ". ", items[i].name);
+    if (!items[i].description.empty()) {
+      absl::StrAppend(&out, " — ", items[i].description);
+    }
+    out.push_back('\n');
+  }
+  return out;
+}
+
+Scheduler::Scheduler(SchedulerOptions options)
+    : options_(Clamp(std::move(options))) {}
+
+ExecutionReport Scheduler::Execute(const Context& ctx, Plan& plan) const {
+  Execution execution(options_, ctx, plan);
+  return execution.Run();
+}
+
+absl::StatusOr<std::vector<PreviewItem>> Scheduler::Preview(const Context& ctx,
+                                                            Plan& plan) const {
+  std::string op = absl::StrCat("preview plan=", SafePlanName(plan));
+  if (ctx.Done()) return Annotate(ctx.Err(), op);
+  absl::StatusOr<Procedures> created = SafeCreate(plan, ctx);
+  if (!created.ok()) return Annotate(created.status(), op + " create");
+  SETPOINT_RETURN_IF_ERROR(Annotate(ValidateProcedures(*created), op + " create"));
+  std::vector<PreviewItem> items;
+  items.reserve(created->size());
+  for (const auto& p : *created) {
+    PreviewItem item{.name = p->Name(), .description = {}};
+    try {
+      item.description = p->Description();
+    } catch (...) {
+      item.description = absl::StrCat("(description threw: ", ExceptionText(), ")");
+    }
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+}  // namespace setpoint
