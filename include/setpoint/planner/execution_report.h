@@ -38,13 +38,13 @@ struct StepRecord {
   std::string name;
   StepOutcome outcome = StepOutcome::kSucceeded;
   // The error of a failed step; OK otherwise.
-  absl::Status status;
+  absl::Status status = {};
   // Calls of Do() made (0 for not-run steps).
   int attempts = 0;
   // When the step started, relative to the execution's start, and how long
   // all its attempts took (including backoff waits).
-  absl::Duration start;
-  absl::Duration duration;
+  absl::Duration start = {};
+  absl::Duration duration = {};
 };
 
 struct ExecutionReport {

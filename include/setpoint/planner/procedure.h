@@ -52,7 +52,7 @@ struct RetryPolicy {
   // Which errors are worth another attempt. Default (empty): every error but
   // the terminal ones (IsTerminalError) and the context's own
   // kCancelled/kDeadlineExceeded once the context is done.
-  std::function<bool(const absl::Status&)> retryable;
+  std::function<bool(const absl::Status&)> retryable = nullptr;
 };
 
 class Procedure {

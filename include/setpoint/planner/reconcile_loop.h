@@ -51,17 +51,17 @@ struct ReconcileLoopOptions {
   // Asked before each execution; when it returns false (or throws) the run is
   // skipped and asked again after `interval`. Use it so only the owner of a
   // shard or the leader runs the plan. Default (empty): always run.
-  std::function<bool()> gate;
+  std::function<bool()> gate = nullptr;
   // Called on the loop's thread after every execution. Exceptions are caught
   // and logged. Default: none.
-  std::function<void(const ExecutionReport&)> on_report;
+  std::function<void(const ExecutionReport&)> on_report = nullptr;
   // Options of the Scheduler that runs each execution.
   // Default: SchedulerOptions{}.
-  SchedulerOptions scheduler;
+  SchedulerOptions scheduler = {};
   // Default: Clock::Real().
   Clock* clock = Clock::Real();
   // Default: spdlog's default logger at construction.
-  std::shared_ptr<spdlog::logger> logger;
+  std::shared_ptr<spdlog::logger> logger = nullptr;
   // Seed for the jitter; 0 picks a random one.
   // Default: 0.
   uint64_t seed = 0;

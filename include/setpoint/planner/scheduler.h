@@ -56,10 +56,10 @@ struct SchedulerOptions {
   bool continue_on_failure = false;
   // The retry policy for procedures that set none.
   // Default: one attempt.
-  RetryPolicy default_retry;
+  RetryPolicy default_retry = {};
   // Where the one info line per execution and the debug line per step go.
   // Default: spdlog's default logger at the time the Scheduler is made.
-  std::shared_ptr<spdlog::logger> logger;
+  std::shared_ptr<spdlog::logger> logger = nullptr;
 };
 
 // Returns kInvalidArgument naming the field when `options` is unusable.

@@ -1,0 +1,19 @@
+#include "setpoint/base/format.h"
+
+#include "gtest/gtest.h"
+
+namespace setpoint {
+namespace {
+
+TEST(Format, AbslTypes) {
+  EXPECT_EQ(fmt::format("{}", absl::OkStatus()), "OK");
+  EXPECT_EQ(fmt::format("err={}", absl::UnavailableError("redis down")),
+            "err=UNAVAILABLE: redis down");
+  EXPECT_EQ(fmt::format("{}", absl::StatusCode::kAborted), "ABORTED");
+  EXPECT_EQ(fmt::format("after={}", absl::Milliseconds(1500)), "after=1.5s");
+  EXPECT_EQ(fmt::format("{}", absl::FromUnixSeconds(0)),
+            "1970-01-01T00:00:00+00:00");
+}
+
+}  // namespace
+}  // namespace setpoint
