@@ -27,8 +27,9 @@ uint64_t RandomSeed() {
 
 absl::Status ValidateBackoffOptions(const BackoffOptions& o) {
   if (o.initial <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backoff options: initial must be > 0, got ", absl::FormatDuration(o.initial)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backoff options: initial must be > 0, got ",
+                     absl::FormatDuration(o.initial)));
   }
   if (o.max < o.initial) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -36,12 +37,12 @@ absl::Status ValidateBackoffOptions(const BackoffOptions& o) {
         ") must be >= initial (", absl::FormatDuration(o.initial), ")"));
   }
   if (!(o.multiplier >= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backoff options: multiplier must be >= 1, got ", o.multiplier));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backoff options: multiplier must be >= 1, got ", o.multiplier));
   }
   if (!(o.jitter >= 0.0 && o.jitter <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backoff options: jitter must be in [0, 1], got ", o.jitter));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backoff options: jitter must be in [0, 1], got ", o.jitter));
   }
   return absl::OkStatus();
 }

@@ -8,9 +8,10 @@ namespace setpoint {
 
 absl::Status Annotate(const absl::Status& status, std::string_view message) {
   if (status.ok() || message.empty()) return status;
-  absl::Status annotated(status.code(),
-                         absl::StrCat(absl::string_view(message.data(), message.size()),
-                                      ": ", status.message()));
+  absl::Status annotated(
+      status.code(),
+      absl::StrCat(absl::string_view(message.data(), message.size()), ": ",
+                   status.message()));
   status.ForEachPayload(
       [&annotated](absl::string_view type_url, const absl::Cord& payload) {
         annotated.SetPayload(type_url, payload);

@@ -13,11 +13,21 @@ void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
       default:
         if (c < 0x20) {
           absl::StrAppendFormat(out, "\\u%04x", c);
@@ -49,9 +59,12 @@ double Millis(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 std::string_view StepOutcomeName(StepOutcome outcome) {
   switch (outcome) {
-    case StepOutcome::kSucceeded: return "succeeded";
-    case StepOutcome::kFailed: return "failed";
-    case StepOutcome::kNotRun: return "not_run";
+    case StepOutcome::kSucceeded:
+      return "succeeded";
+    case StepOutcome::kFailed:
+      return "failed";
+    case StepOutcome::kNotRun:
+      return "not_run";
   }
   return "unknown";
 }
@@ -73,8 +86,8 @@ std::string ExecutionReport::Summary() const {
 std::string ExecutionReport::ToJson() const {
   std::string out = "{\"plan\":";
   AppendJsonString(&out, plan);
-  absl::StrAppend(&out, ",\"execution_id\":", execution_id, ",\"ok\":",
-                  status.ok() ? "true" : "false", ",\"code\":");
+  absl::StrAppend(&out, ",\"execution_id\":", execution_id,
+                  ",\"ok\":", status.ok() ? "true" : "false", ",\"code\":");
   AppendJsonString(&out, absl::StatusCodeToString(status.code()));
   out.append(",\"message\":");
   AppendJsonString(&out, std::string(status.message()));
@@ -84,12 +97,13 @@ std::string ExecutionReport::ToJson() const {
                   ",\"retries\":", retries);
   absl::StrAppendFormat(&out, ",\"duration_ms\":%.3f", Millis(duration));
   out.append(",\"started\":");
-  AppendJsonString(&out, absl::FormatTime(absl::RFC3339_full, started,
-                                          absl::UTCTimeZone()));
+  AppendJsonString(
+      &out, absl::FormatTime(absl::RFC3339_full, started, absl::UTCTimeZone()));
   out.append(",\"stopped_before\":");
   AppendJsonString(&out, stopped_before);
-  absl::StrAppend(&out, ",\"steps_truncated\":",
-                  steps_truncated ? "true" : "false", ",\"steps\":[");
+  absl::StrAppend(&out,
+                  ",\"steps_truncated\":", steps_truncated ? "true" : "false",
+                  ",\"steps\":[");
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepRecord& s = steps[i];
     if (i > 0) out.push_back(',');
@@ -111,7 +125,9 @@ std::string ExecutionReport::ToJson() const {
 }
 
 std::string ExecutionReport::ToDot() const {
-  std::string out = "digraph execution {\n  rankdir=LR;\n  node [shape=box, style=filled, fontname=\"sans\"];\n  label=";
+  std::string out =
+      "digraph execution {\n  rankdir=LR;\n  node [shape=box, style=filled, "
+      "fontname=\"sans\"];\n  label=";
   AppendDotString(&out, Summary());
   out.append(";\n");
   int last_round = 0;
@@ -142,7 +158,9 @@ std::string ExecutionReport::ToDot() const {
     }
   }
   if (steps_truncated) {
-    out.append("  truncated [label=\"... more steps not recorded\", shape=plaintext];\n");
+    out.append(
+        "  truncated [label=\"... more steps not recorded\", "
+        "shape=plaintext];\n");
   }
   out.append("}\n");
   return out;

@@ -44,8 +44,8 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& o) {
   }
   absl::Status s = ValidateBackoffOptions(o.failure_backoff);
   if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reconcile loop options: failure_backoff: ", s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconcile loop options: failure_backoff: ", s.message()));
   }
   return ValidateSchedulerOptions(o.scheduler);
 }
@@ -65,7 +65,8 @@ absl::Status ReconcileLoop::Start() {
   {
     MutexLock l(&mu_);
     if (running_ || thread_.joinable()) {
-      return absl::FailedPreconditionError("start reconcile loop: already running");
+      return absl::FailedPreconditionError(
+          "start reconcile loop: already running");
     }
   }
   thread_ = std::jthread([this](std::stop_token stop) {
@@ -129,7 +130,8 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
   {
     MutexLock l(&mu_);
     if (running_) {
-      return absl::FailedPreconditionError("run reconcile loop: already running");
+      return absl::FailedPreconditionError(
+          "run reconcile loop: already running");
     }
     running_ = true;
   }
@@ -153,7 +155,8 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
         MutexLock l(&mu_);
         ++stats_.skipped_by_gate;
       }
-      SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}", plan_.Name());
+      SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}",
+                          plan_.Name());
       next = clock_->Now() + NextWait(false);
       continue;
     }
@@ -163,10 +166,12 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
       try {
         options_.on_report(report);
       } catch (const std::exception& e) {
-        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={} err=\"{}\"",
+        SPDLOG_LOGGER_WARN(logger_,
+                           "reconcile on_report threw plan={} err=\"{}\"",
                            plan_.Name(), e.what());
       } catch (...) {
-        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}", plan_.Name());
+        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}",
+                           plan_.Name());
       }
     }
     {
@@ -182,7 +187,8 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
     }
     absl::Duration wait = NextWait(failed);
     if (failed && !ctx.Done()) {
-      SPDLOG_LOGGER_WARN(logger_, "reconcile failed, backing off plan={} after={}",
+      SPDLOG_LOGGER_WARN(logger_,
+                         "reconcile failed, backing off plan={} after={}",
                          plan_.Name(), wait);
     }
     next = clock_->Now() + wait;

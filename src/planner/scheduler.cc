@@ -62,9 +62,8 @@ std::string SafePlanName(const Plan& plan) {
 absl::Status ValidateProcedures(const Procedures& list) {
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("returned a null procedure at index ", i, " of ",
-                       list.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "returned a null procedure at index ", i, " of ", list.size()));
     }
     if (list[i]->Name().empty()) {
       return absl::InvalidArgumentError(
@@ -137,7 +136,9 @@ class Execution {
   ExecutionReport Run() {
     for (int round = 1;; ++round) {
       if (ctx_.Done()) {
-        Fail(Annotate(ctx_.Err(), absl::StrCat(Op(), ": stopped before create round=", round)));
+        Fail(Annotate(
+            ctx_.Err(),
+            absl::StrCat(Op(), ": stopped before create round=", round)));
         break;
       }
       absl::StatusOr<Procedures> created = SafeCreate(plan_, ctx_);
@@ -159,8 +160,8 @@ class Execution {
       if (round > options_.max_rounds) {
         Fail(absl::AbortedError(absl::StrCat(
             Op(), ": did not converge after max_rounds=", options_.max_rounds,
-            "; create still returns ", created->size(), " procedures: ",
-            NameList(*created))));
+            "; create still returns ", created->size(),
+            " procedures: ", NameList(*created))));
         break;
       }
       report_.rounds = round;
@@ -222,10 +223,12 @@ class Execution {
       if (!backoff) backoff.emplace(policy.backoff);
       absl::Duration delay = backoff->Next();
       if (logger_ != nullptr && logger_->should_log(spdlog::level::warn)) {
-        SPDLOG_LOGGER_WARN(
-            logger_, "retrying step plan={} execution={} step=\"{}\" attempt={}/{} after={} err={}",
-            report_.plan, report_.execution_id, procedure.Name(),
-            result.attempts, policy.max_attempts, delay, result.status);
+        SPDLOG_LOGGER_WARN(logger_,
+                           "retrying step plan={} execution={} step=\"{}\" "
+                           "attempt={}/{} after={} err={}",
+                           report_.plan, report_.execution_id, procedure.Name(),
+                           result.attempts, policy.max_attempts, delay,
+                           result.status);
       }
       ++retries_;
       if (!ctx_.Wait(delay).ok()) return result;
@@ -245,8 +248,8 @@ class Execution {
       rec.parent = pending.parent;
       rec.round = round_;
       rec.name = pending.procedure->Name();
-      rec.outcome = result.status.ok() ? StepOutcome::kSucceeded
-                                       : StepOutcome::kFailed;
+      rec.outcome =
+          result.status.ok() ? StepOutcome::kSucceeded : StepOutcome::kFailed;
       rec.status = result.status;
       rec.attempts = result.attempts;
       rec.start = started - report_.started;
@@ -267,7 +270,8 @@ class Execution {
       // Children returned along with the failure (nulls refused) never run;
       // they are reported, not dropped.
       for (auto& child : result.children) {
-        if (child != nullptr) RecordNotRun(Pending{std::move(child), id}, round_);
+        if (child != nullptr)
+          RecordNotRun(Pending{std::move(child), id}, round_);
       }
       Fail(Annotate(result.status,
                     absl::StrCat(Op(), " step=\"", pending.procedure->Name(),
@@ -325,39 +329,33 @@ class Execution {
     int in_flight = 0;
     bool stop = false;
     auto worker = [&] {
-      MutexLock lock(&mu);
+      mu.Lock();
       while (true) {
-        cv.Wait(&mu, {}, [&] {
-          return stop || !stack_.empty() || in_flight == 0;
-        });
-        if (stop || stack_.empty()) {
-          cv.SignalAll();
-          return;
-        }
+        cv.Wait(&mu, {},
+                [&] { return stop || !stack_.empty() || in_flight == 0; });
+        if (stop || stack_.empty()) break;
         Pending pending = std::move(stack_.back());
         stack_.pop_back();
         if (ctx_.Done()) {
           StopBefore(pending);
           stack_.push_back(std::move(pending));
           stop = true;
-          cv.SignalAll();
-          return;
+          break;
         }
         ++in_flight;
         bool timed = Recording();
-        absl::Time started;
-        absl::Duration took;
-        StepResult result;
-        {
-          MutexUnlock unlock(&mu);
-          started = timed ? clock_->Now() : absl::InfinitePast();
-          result = RunStep(*pending.procedure);
-          took = timed ? clock_->Now() - started : absl::ZeroDuration();
-        }
+        mu.Unlock();
+        absl::Time started = timed ? clock_->Now() : absl::InfinitePast();
+        StepResult result = RunStep(*pending.procedure);
+        absl::Duration took =
+            timed ? clock_->Now() - started : absl::ZeroDuration();
+        mu.Lock();
         --in_flight;
         if (!Finish(pending, result, started, took)) stop = true;
         cv.SignalAll();
       }
+      cv.SignalAll();
+      mu.Unlock();
     };
     std::vector<std::jthread> threads;
     threads.reserve(options_.parallelism - 1);
@@ -449,7 +447,8 @@ absl::StatusOr<std::vector<PreviewItem>> Scheduler::Preview(const Context& ctx,
   if (ctx.Done()) return Annotate(ctx.Err(), op);
   absl::StatusOr<Procedures> created = SafeCreate(plan, ctx);
   if (!created.ok()) return Annotate(created.status(), op + " create");
-  SETPOINT_RETURN_IF_ERROR(Annotate(ValidateProcedures(*created), op + " create"));
+  SETPOINT_RETURN_IF_ERROR(
+      Annotate(ValidateProcedures(*created), op + " create"));
   std::vector<PreviewItem> items;
   items.reserve(created->size());
   for (const auto& p : *created) {
@@ -457,7 +456,8 @@ absl::StatusOr<std::vector<PreviewItem>> Scheduler::Preview(const Context& ctx,
     try {
       item.description = p->Description();
     } catch (...) {
-      item.description = absl::StrCat("(description threw: ", ExceptionText(), ")");
+      item.description =
+          absl::StrCat("(description threw: ", ExceptionText(), ")");
     }
     items.push_back(std::move(item));
   }

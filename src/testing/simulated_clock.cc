@@ -56,16 +56,16 @@ bool SimulatedClock::AwaitWithDeadline(Mutex* mu, CondVar* cv,
   while (true) {
     if (pred() || stop.stop_requested() || Now() >= deadline) break;
     if (auto_advance_ && deadline != absl::InfiniteFuture()) {
-      MutexUnlock unlock(mu);
+      mu->Unlock();
       AdvanceTo(deadline);
+      mu->Lock();
       continue;
     }
     cv->Wait(mu, stop, [&] { return pred() || Now() >= deadline; });
   }
-  {
-    MutexUnlock unlock(mu);
-    Unregister(waiter);
-  }
+  mu->Unlock();
+  Unregister(waiter);
+  mu->Lock();
   return pred();
 }
 

@@ -30,7 +30,8 @@ TEST(Backoff, GrowsExponentiallyAndCapsWithoutJitter) {
 }
 
 TEST(Backoff, ManyAttemptsDoNotOverflow) {
-  Backoff b({.initial = absl::Seconds(1), .max = absl::Minutes(5), .jitter = 0}, 1);
+  Backoff b({.initial = absl::Seconds(1), .max = absl::Minutes(5), .jitter = 0},
+            1);
   absl::Duration last;
   for (int i = 0; i < 5000; ++i) last = b.Next();
   EXPECT_EQ(last, absl::Minutes(5));
@@ -55,20 +56,25 @@ TEST(Backoff, JitterStaysInRangeAndIsDeterministicPerSeed) {
 
 TEST(Backoff, ValidateNamesTheField) {
   EXPECT_THAT(ValidateBackoffOptions({}), IsOk());
-  EXPECT_THAT(ValidateBackoffOptions({.initial = absl::ZeroDuration()}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial")));
+  EXPECT_THAT(
+      ValidateBackoffOptions({.initial = absl::ZeroDuration()}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial")));
   EXPECT_THAT(ValidateBackoffOptions(
                   {.initial = absl::Seconds(2), .max = absl::Seconds(1)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max")));
-  EXPECT_THAT(ValidateBackoffOptions({.multiplier = 0.5}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiplier")));
-  EXPECT_THAT(ValidateBackoffOptions({.jitter = 1.5}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("jitter")));
+  EXPECT_THAT(
+      ValidateBackoffOptions({.multiplier = 0.5}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiplier")));
+  EXPECT_THAT(
+      ValidateBackoffOptions({.jitter = 1.5}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("jitter")));
 }
 
 TEST(Backoff, InvalidOptionsAreClampedNotCrashing) {
-  Backoff b({.initial = -absl::Seconds(1), .max = -absl::Seconds(5),
-             .multiplier = -3, .jitter = 7},
+  Backoff b({.initial = -absl::Seconds(1),
+             .max = -absl::Seconds(5),
+             .multiplier = -3,
+             .jitter = 7},
             1);
   for (int i = 0; i < 10; ++i) EXPECT_GT(b.Next(), absl::ZeroDuration());
 }

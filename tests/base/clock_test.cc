@@ -90,7 +90,8 @@ TEST(SimulatedClock, ManyWaitersWakeInDeadlineOrder) {
   ASSERT_TRUE(clock.AwaitWaiters(4));
   for (int i = 1; i <= 4; ++i) {
     clock.AdvanceTime(absl::Seconds(1));
-    ASSERT_TRUE(::setpoint::testing::AwaitCondition([&] { return woken.load() == i; }));
+    ASSERT_TRUE(
+        ::setpoint::testing::AwaitCondition([&] { return woken.load() == i; }));
     EXPECT_EQ(clock.num_waiters(), 4 - i);
   }
 }
@@ -123,8 +124,9 @@ TEST(RealClock, AwaitWithDeadlineTimesOut) {
   Mutex mu;
   CondVar cv;
   MutexLock l(&mu);
-  EXPECT_FALSE(clock->AwaitWithDeadline(
-      &mu, &cv, clock->Now() + absl::Milliseconds(2), {}, [] { return false; }));
+  EXPECT_FALSE(clock->AwaitWithDeadline(&mu, &cv,
+                                        clock->Now() + absl::Milliseconds(2),
+                                        {}, [] { return false; }));
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ ReconcileLoopOptions Options(SimulatedClock* clock) {
 // executions, so time can be advanced without racing it.
 bool Parked(ReconcileLoop& loop, SimulatedClock& clock, int executions) {
   return AwaitCondition([&] {
-    return loop.stats().executions + loop.stats().skipped_by_gate >= executions &&
+    return loop.stats().executions + loop.stats().skipped_by_gate >=
+               executions &&
            clock.num_waiters() >= 1;
   });
 }
@@ -115,7 +116,8 @@ TEST(ReconcileLoop, FailuresBackOffExponentiallyThenReset) {
                                      absl::Seconds(4), absl::Seconds(4)};
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(Parked(loop, clock, i + 1));
-    EXPECT_EQ(clock.NextDeadline() - clock.Now(), expected[i]) << "failure " << i;
+    EXPECT_EQ(clock.NextDeadline() - clock.Now(), expected[i])
+        << "failure " << i;
     clock.AdvanceTime(expected[i]);
   }
   ASSERT_TRUE(Parked(loop, clock, 5));
@@ -154,7 +156,9 @@ TEST(ReconcileLoop, ThrowingGateAndCallbackDoNotKillTheLoop) {
     if (++gate_calls == 1) throw std::runtime_error("lease store down");
     return true;
   };
-  o.on_report = [](const ExecutionReport&) { throw std::runtime_error("oops"); };
+  o.on_report = [](const ExecutionReport&) {
+    throw std::runtime_error("oops");
+  };
   ReconcileLoop loop(plan, o);
   ASSERT_THAT(loop.Start(), IsOk());
   ASSERT_TRUE(Parked(loop, clock, 1));
@@ -167,14 +171,16 @@ TEST(ReconcileLoop, ThrowingGateAndCallbackDoNotKillTheLoop) {
 TEST(ReconcileLoop, StopCancelsARunningExecutionPromptly) {
   SimulatedClock clock;
   std::atomic<bool> started{false};
-  auto plan = PlanFunc("blocks", [&](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(MakeProcedure("wait forever", [&](const Context& ctx)
-                                                           -> absl::StatusOr<Procedures> {
-      started = true;
-      SETPOINT_RETURN_IF_ERROR(ctx.Wait(absl::InfiniteDuration()));
-      return Procedures{};
-    }));
-  });
+  auto plan =
+      PlanFunc("blocks", [&](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(MakeProcedure(
+            "wait forever",
+            [&](const Context& ctx) -> absl::StatusOr<Procedures> {
+              started = true;
+              SETPOINT_RETURN_IF_ERROR(ctx.Wait(absl::InfiniteDuration()));
+              return Procedures{};
+            }));
+      });
   std::optional<ExecutionReport> seen;
   Mutex mu;
   ReconcileLoopOptions o = Options(&clock);
@@ -199,7 +205,8 @@ TEST(ReconcileLoop, RunOnCallersThreadAndRefuseDoubleStart) {
   absl::Status result;
   std::jthread t([&] { result = loop.Run(Context(stop.get_token(), &clock)); });
   ASSERT_TRUE(Parked(loop, clock, 1));
-  EXPECT_THAT(loop.Run(Context()), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(loop.Run(Context()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   stop.request_stop();
   t.join();
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kCancelled));

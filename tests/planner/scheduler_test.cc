@@ -57,12 +57,13 @@ struct TreeSpec {
 };
 
 std::unique_ptr<Procedure> Build(Trace* trace, const TreeSpec& spec) {
-  return MakeProcedure(spec.name, [trace, spec](const Context&) -> absl::StatusOr<Procedures> {
-    trace->Add(spec.name);
-    Procedures out;
-    for (const auto& c : spec.children) out.push_back(Build(trace, c));
-    return out;
-  });
+  return MakeProcedure(
+      spec.name, [trace, spec](const Context&) -> absl::StatusOr<Procedures> {
+        trace->Add(spec.name);
+        Procedures out;
+        for (const auto& c : spec.children) out.push_back(Build(trace, c));
+        return out;
+      });
 }
 
 // A plan that returns `rounds[i]` on the i-th Create call, then nothing.
@@ -75,7 +76,8 @@ class ScriptedPlan : public Plan {
     ++creates;
     Procedures out;
     if (next_ < rounds_.size()) {
-      for (const auto& spec : rounds_[next_]) out.push_back(Build(trace_, spec));
+      for (const auto& spec : rounds_[next_])
+        out.push_back(Build(trace_, spec));
       ++next_;
     }
     return out;
@@ -137,8 +139,8 @@ class NeverConverges : public Plan {
   std::string Name() const override { return "stubborn"; }
   absl::StatusOr<Procedures> Create(const Context&) override {
     ++creates;
-    return ProcedureList(
-        MakeProcedure("poke the api", [](const Context&) -> absl::StatusOr<Procedures> {
+    return ProcedureList(MakeProcedure(
+        "poke the api", [](const Context&) -> absl::StatusOr<Procedures> {
           return Procedures{};
         }));
   }
@@ -149,10 +151,10 @@ TEST(Scheduler, MaxRoundsAbortsAPlanThatNeverConverges) {
   NeverConverges plan;
   ExecutionReport r =
       Scheduler(Quiet({.max_rounds = 5})).Execute(Context(), plan);
-  EXPECT_THAT(r.status,
-              StatusIs(absl::StatusCode::kAborted,
-                       AllOf(HasSubstr("plan=stubborn"), HasSubstr("max_rounds=5"),
-                             HasSubstr("poke the api"))));
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kAborted,
+                                 AllOf(HasSubstr("plan=stubborn"),
+                                       HasSubstr("max_rounds=5"),
+                                       HasSubstr("poke the api"))));
   EXPECT_EQ(r.rounds, 5);
   EXPECT_EQ(plan.creates, 6);
   EXPECT_EQ(r.steps_run, 5);
@@ -170,7 +172,8 @@ TEST(Scheduler, CancelledBeforeTheFirstCreate) {
   ScriptedPlan plan(&trace, {{{"a", {}}}});
   std::stop_source stop;
   stop.request_stop();
-  ExecutionReport r = Scheduler(Quiet()).Execute(Context(stop.get_token()), plan);
+  ExecutionReport r =
+      Scheduler(Quiet()).Execute(Context(stop.get_token()), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kCancelled,
                                  HasSubstr("stopped before create round=1")));
   EXPECT_EQ(plan.creates, 0);
@@ -187,20 +190,25 @@ TEST(Scheduler, CancelledBeforeEachStepReportsWhereItStopped) {
     std::vector<std::string> ran;
     auto step = [&](const std::string& name, Procedures children) {
       auto shared = std::make_shared<Procedures>(std::move(children));
-      return MakeProcedure(name, [&, name, shared](const Context&) -> absl::StatusOr<Procedures> {
-        ran.push_back(name);
-        if (name == names[cut]) stop.request_stop();
-        return std::move(*shared);
-      });
+      return MakeProcedure(
+          name,
+          [&, name, shared](const Context&) -> absl::StatusOr<Procedures> {
+            ran.push_back(name);
+            if (name == names[cut]) stop.request_stop();
+            return std::move(*shared);
+          });
     };
-    auto plan = PlanFunc("cancel", [&, first = true](const Context&) mutable
-                                       -> absl::StatusOr<Procedures> {
-      if (!first) return Procedures{};
-      first = false;
-      return ProcedureList(step("a", ProcedureList(step("a1", {}))), step("b", {}),
-                           step("c", {}));
-    });
-    ExecutionReport r = Scheduler(Quiet()).Execute(Context(stop.get_token()), plan);
+    auto plan = PlanFunc(
+        "cancel",
+        [&,
+         first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+          if (!first) return Procedures{};
+          first = false;
+          return ProcedureList(step("a", ProcedureList(step("a1", {}))),
+                               step("b", {}), step("c", {}));
+        });
+    ExecutionReport r =
+        Scheduler(Quiet()).Execute(Context(stop.get_token()), plan);
     EXPECT_EQ(ran.size(), cut + 1);
     EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kCancelled));
     if (cut + 1 < names.size()) {
@@ -210,7 +218,8 @@ TEST(Scheduler, CancelledBeforeEachStepReportsWhereItStopped) {
       EXPECT_EQ(r.steps_not_run, static_cast<int64_t>(names.size() - cut - 1));
     } else {
       // Cancelled during the last step: stopped before the next Create.
-      EXPECT_THAT(r.status.message(), HasSubstr("stopped before create round=2"));
+      EXPECT_THAT(r.status.message(),
+                  HasSubstr("stopped before create round=2"));
       EXPECT_EQ(r.steps_not_run, 0);
     }
     EXPECT_EQ(r.steps_run, static_cast<int64_t>(cut + 1));
@@ -221,18 +230,20 @@ TEST(Scheduler, DeadlineIsCheckedBeforeEveryStep) {
   SimulatedClock clock;
   Context ctx = Context::Background(&clock).WithTimeout(absl::Seconds(10));
   int ran = 0;
-  auto plan = PlanFunc("slow", [&](const Context&) -> absl::StatusOr<Procedures> {
-    Procedures out;
-    for (int i = 0; i < 5; ++i) {
-      out.push_back(MakeProcedure("tick " + std::to_string(i),
-                                  [&](const Context&) -> absl::StatusOr<Procedures> {
-                                    ++ran;
-                                    clock.AdvanceTime(absl::Seconds(4));
-                                    return Procedures{};
-                                  }));
-    }
-    return out;
-  });
+  auto plan =
+      PlanFunc("slow", [&](const Context&) -> absl::StatusOr<Procedures> {
+        Procedures out;
+        for (int i = 0; i < 5; ++i) {
+          out.push_back(
+              MakeProcedure("tick " + std::to_string(i),
+                            [&](const Context&) -> absl::StatusOr<Procedures> {
+                              ++ran;
+                              clock.AdvanceTime(absl::Seconds(4));
+                              return Procedures{};
+                            }));
+        }
+        return out;
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(ctx, plan);
   EXPECT_EQ(ran, 3);  // t=0, 4, 8 run; at t=12 the deadline has passed.
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kDeadlineExceeded));
@@ -242,17 +253,19 @@ TEST(Scheduler, DeadlineIsCheckedBeforeEveryStep) {
 
 TEST(Scheduler, FirstFailureAbortsAndPendingStepsAreReportedNotRun) {
   Trace trace;
-  auto plan = PlanFunc("fails", [&, first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    return ProcedureList(
-        Build(&trace, {"ok", {}}),
-        MakeProcedure("broken", [](const Context&) -> absl::StatusOr<Procedures> {
-          return absl::UnavailableError("503 from api");
-        }),
-        Build(&trace, {"after", {}}));
-  });
+  auto plan = PlanFunc(
+      "fails",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(
+            Build(&trace, {"ok", {}}),
+            MakeProcedure("broken",
+                          [](const Context&) -> absl::StatusOr<Procedures> {
+                            return absl::UnavailableError("503 from api");
+                          }),
+            Build(&trace, {"after", {}}));
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnavailable,
                                  AllOf(HasSubstr("step=\"broken\""),
@@ -269,18 +282,20 @@ TEST(Scheduler, FirstFailureAbortsAndPendingStepsAreReportedNotRun) {
 
 TEST(Scheduler, ContinueOnFailureRunsTheRestOfTheRoundThenReports) {
   Trace trace;
-  auto plan = PlanFunc("fails", [&, first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    return ProcedureList(
-        MakeProcedure("broken", [](const Context&) -> absl::StatusOr<Procedures> {
-          return absl::InternalError("bad");
-        }),
-        Build(&trace, {"after", {{"child", {}}}}));
-  });
-  ExecutionReport r = Scheduler(Quiet({.continue_on_failure = true}))
-                          .Execute(Context(), plan);
+  auto plan = PlanFunc(
+      "fails",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(
+            MakeProcedure("broken",
+                          [](const Context&) -> absl::StatusOr<Procedures> {
+                            return absl::InternalError("bad");
+                          }),
+            Build(&trace, {"after", {{"child", {}}}}));
+      });
+  ExecutionReport r =
+      Scheduler(Quiet({.continue_on_failure = true})).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal));
   EXPECT_THAT(trace.Get(), ElementsAre("after", "child"));
   EXPECT_EQ(r.steps_run, 3);
@@ -289,12 +304,13 @@ TEST(Scheduler, ContinueOnFailureRunsTheRestOfTheRoundThenReports) {
 }
 
 TEST(Scheduler, ExceptionsBecomeFailedSteps) {
-  auto plan = PlanFunc("throws", [](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(MakeProcedure(
-        "explode", [](const Context&) -> absl::StatusOr<Procedures> {
-          throw std::runtime_error("kaboom");
-        }));
-  });
+  auto plan =
+      PlanFunc("throws", [](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(MakeProcedure(
+            "explode", [](const Context&) -> absl::StatusOr<Procedures> {
+              throw std::runtime_error("kaboom");
+            }));
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
                                  AllOf(HasSubstr("step=\"explode\""),
@@ -304,24 +320,27 @@ TEST(Scheduler, ExceptionsBecomeFailedSteps) {
 }
 
 TEST(Scheduler, NonStandardExceptionsToo) {
-  auto plan = PlanFunc("throws", [](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(MakeProcedure(
-        "explode", [](const Context&) -> absl::StatusOr<Procedures> { throw 42; }));
-  });
+  auto plan =
+      PlanFunc("throws", [](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(MakeProcedure(
+            "explode",
+            [](const Context&) -> absl::StatusOr<Procedures> { throw 42; }));
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
                                  HasSubstr("non-standard exception")));
 }
 
 TEST(Scheduler, ExceptionFromCreateIsAClearError) {
-  auto plan = PlanFunc("bad-create", [](const Context&) -> absl::StatusOr<Procedures> {
-    throw std::logic_error("inventory corrupt");
-  });
+  auto plan =
+      PlanFunc("bad-create", [](const Context&) -> absl::StatusOr<Procedures> {
+        throw std::logic_error("inventory corrupt");
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status,
-              StatusIs(absl::StatusCode::kUnknown,
-                       AllOf(HasSubstr("plan=bad-create"), HasSubstr("create round=1"),
-                             HasSubstr("inventory corrupt"))));
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
+                                 AllOf(HasSubstr("plan=bad-create"),
+                                       HasSubstr("create round=1"),
+                                       HasSubstr("inventory corrupt"))));
 }
 
 TEST(Scheduler, CreateErrorIsAnnotated) {
@@ -329,19 +348,22 @@ TEST(Scheduler, CreateErrorIsAnnotated) {
     return absl::UnavailableError("list instances: 503");
   });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnavailable,
-                                 HasSubstr("create round=1: list instances: 503")));
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("create round=1: list instances: 503")));
 }
 
 TEST(Scheduler, NullProcedureFromCreateIsRefused) {
-  auto plan = PlanFunc("nulls", [](const Context&) -> absl::StatusOr<Procedures> {
-    Procedures out;
-    out.push_back(MakeProcedure("fine", [](const Context&) -> absl::StatusOr<Procedures> {
-      return Procedures{};
-    }));
-    out.push_back(nullptr);
-    return out;
-  });
+  auto plan =
+      PlanFunc("nulls", [](const Context&) -> absl::StatusOr<Procedures> {
+        Procedures out;
+        out.push_back(MakeProcedure(
+            "fine", [](const Context&) -> absl::StatusOr<Procedures> {
+              return Procedures{};
+            }));
+        out.push_back(nullptr);
+        return out;
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument,
                                  HasSubstr("null procedure at index 1 of 2")));
@@ -350,24 +372,27 @@ TEST(Scheduler, NullProcedureFromCreateIsRefused) {
 }
 
 TEST(Scheduler, NullChildFailsItsParentAndSiblingsAreReported) {
-  auto plan = PlanFunc("nulls", [first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    return ProcedureList(MakeProcedure(
-        "parent", [](const Context&) -> absl::StatusOr<Procedures> {
-          Procedures out;
-          out.push_back(nullptr);
-          out.push_back(MakeProcedure("sibling", [](const Context&) -> absl::StatusOr<Procedures> {
-            return Procedures{};
-          }));
-          return out;
-        }));
-  });
+  auto plan = PlanFunc(
+      "nulls",
+      [first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(MakeProcedure(
+            "parent", [](const Context&) -> absl::StatusOr<Procedures> {
+              Procedures out;
+              out.push_back(nullptr);
+              out.push_back(MakeProcedure(
+                  "sibling", [](const Context&) -> absl::StatusOr<Procedures> {
+                    return Procedures{};
+                  }));
+              return out;
+            }));
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 AllOf(HasSubstr("step=\"parent\""),
-                                       HasSubstr("null procedure at index 0"))));
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("step=\"parent\""),
+                             HasSubstr("null procedure at index 0"))));
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_EQ(r.steps[1].name, "sibling");
   EXPECT_EQ(r.steps[1].outcome, StepOutcome::kNotRun);
@@ -375,11 +400,13 @@ TEST(Scheduler, NullChildFailsItsParentAndSiblingsAreReported) {
 }
 
 TEST(Scheduler, EmptyNameIsRefused) {
-  auto plan = PlanFunc("unnamed", [](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(MakeProcedure("", [](const Context&) -> absl::StatusOr<Procedures> {
-      return Procedures{};
-    }));
-  });
+  auto plan =
+      PlanFunc("unnamed", [](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(
+            MakeProcedure("", [](const Context&) -> absl::StatusOr<Procedures> {
+              return Procedures{};
+            }));
+      });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument,
                                  HasSubstr("empty name at index 0")));
@@ -388,22 +415,25 @@ TEST(Scheduler, EmptyNameIsRefused) {
 TEST(Scheduler, RetriesWithBackoffOnTheClockThenSucceeds) {
   SimulatedClock clock({.auto_advance = true});
   int attempts = 0;
-  auto plan = PlanFunc("retry", [&, first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    auto p = MakeProcedure("flaky", [&](const Context&) -> absl::StatusOr<Procedures> {
-      if (++attempts < 3) return absl::UnavailableError("503");
-      return Procedures{};
-    });
-    p->set_retry_policy({.max_attempts = 5,
-                         .backoff = {.initial = absl::Seconds(1),
-                                     .max = absl::Seconds(8),
-                                     .jitter = 0}});
-    return ProcedureList(std::move(p));
-  });
+  auto plan = PlanFunc(
+      "retry",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        auto p = MakeProcedure(
+            "flaky", [&](const Context&) -> absl::StatusOr<Procedures> {
+              if (++attempts < 3) return absl::UnavailableError("503");
+              return Procedures{};
+            });
+        p->set_retry_policy({.max_attempts = 5,
+                             .backoff = {.initial = absl::Seconds(1),
+                                         .max = absl::Seconds(8),
+                                         .jitter = 0}});
+        return ProcedureList(std::move(p));
+      });
   absl::Time t0 = clock.Now();
-  ExecutionReport r = Scheduler(Quiet()).Execute(Context::Background(&clock), plan);
+  ExecutionReport r =
+      Scheduler(Quiet()).Execute(Context::Background(&clock), plan);
   EXPECT_THAT(r.status, IsOk());
   EXPECT_EQ(attempts, 3);
   EXPECT_EQ(r.retries, 2);
@@ -416,17 +446,20 @@ TEST(Scheduler, RetriesWithBackoffOnTheClockThenSucceeds) {
 TEST(Scheduler, RetriesStopAtMaxAttemptsAndSkipTerminalErrors) {
   SimulatedClock clock({.auto_advance = true});
   int unavailable = 0, invalid = 0;
-  auto plan = PlanFunc("retry", [&](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(
-        MakeProcedure("always 503", [&](const Context&) -> absl::StatusOr<Procedures> {
-          ++unavailable;
-          return absl::UnavailableError("503");
-        }),
-        MakeProcedure("invalid", [&](const Context&) -> absl::StatusOr<Procedures> {
-          ++invalid;
-          return absl::InvalidArgumentError("bad request");
-        }));
-  });
+  auto plan =
+      PlanFunc("retry", [&](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(
+            MakeProcedure("always 503",
+                          [&](const Context&) -> absl::StatusOr<Procedures> {
+                            ++unavailable;
+                            return absl::UnavailableError("503");
+                          }),
+            MakeProcedure("invalid",
+                          [&](const Context&) -> absl::StatusOr<Procedures> {
+                            ++invalid;
+                            return absl::InvalidArgumentError("bad request");
+                          }));
+      });
   SchedulerOptions o = Quiet({.continue_on_failure = true});
   o.default_retry = {.max_attempts = 4, .backoff = {.jitter = 0}};
   ExecutionReport r = Scheduler(o).Execute(Context::Background(&clock), plan);
@@ -440,21 +473,24 @@ TEST(Scheduler, RetriesStopAtMaxAttemptsAndSkipTerminalErrors) {
 TEST(Scheduler, CustomRetryablePredicate) {
   SimulatedClock clock({.auto_advance = true});
   int calls = 0;
-  auto plan = PlanFunc("retry", [&, first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    auto p = MakeProcedure("precondition", [&](const Context&) -> absl::StatusOr<Procedures> {
-      if (++calls < 2) return absl::FailedPreconditionError("not yet");
-      return Procedures{};
-    });
-    p->set_retry_policy({.max_attempts = 3,
-                         .retryable = [](const absl::Status& s) {
-                           return absl::IsFailedPrecondition(s);
-                         }});
-    return ProcedureList(std::move(p));
-  });
-  ExecutionReport r = Scheduler(Quiet()).Execute(Context::Background(&clock), plan);
+  auto plan = PlanFunc(
+      "retry",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        auto p = MakeProcedure(
+            "precondition", [&](const Context&) -> absl::StatusOr<Procedures> {
+              if (++calls < 2) return absl::FailedPreconditionError("not yet");
+              return Procedures{};
+            });
+        p->set_retry_policy(
+            {.max_attempts = 3, .retryable = [](const absl::Status& s) {
+               return absl::IsFailedPrecondition(s);
+             }});
+        return ProcedureList(std::move(p));
+      });
+  ExecutionReport r =
+      Scheduler(Quiet()).Execute(Context::Background(&clock), plan);
   EXPECT_THAT(r.status, IsOk());
   EXPECT_EQ(calls, 2);
 }
@@ -462,13 +498,16 @@ TEST(Scheduler, CustomRetryablePredicate) {
 TEST(Scheduler, CancelDuringRetryBackoffStopsPromptly) {
   SimulatedClock clock;
   std::stop_source stop;
-  auto plan = PlanFunc("retry", [&](const Context&) -> absl::StatusOr<Procedures> {
-    auto p = MakeProcedure("down", [](const Context&) -> absl::StatusOr<Procedures> {
-      return absl::UnavailableError("503");
-    });
-    p->set_retry_policy({.max_attempts = 100, .backoff = {.initial = absl::Hours(1)}});
-    return ProcedureList(std::move(p));
-  });
+  auto plan =
+      PlanFunc("retry", [&](const Context&) -> absl::StatusOr<Procedures> {
+        auto p = MakeProcedure(
+            "down", [](const Context&) -> absl::StatusOr<Procedures> {
+              return absl::UnavailableError("503");
+            });
+        p->set_retry_policy(
+            {.max_attempts = 100, .backoff = {.initial = absl::Hours(1)}});
+        return ProcedureList(std::move(p));
+      });
   ExecutionReport r;
   std::jthread runner([&] {
     r = Scheduler(Quiet()).Execute(Context(stop.get_token(), &clock), plan);
@@ -509,7 +548,8 @@ class Link : public Procedure {
   absl::StatusOr<Procedures> Do(const Context&) override {
     ++*counter_;
     Procedures out;
-    if (remaining_ > 1) out.push_back(std::make_unique<Link>(remaining_ - 1, counter_));
+    if (remaining_ > 1)
+      out.push_back(std::make_unique<Link>(remaining_ - 1, counter_));
     return out;
   }
 
@@ -537,12 +577,14 @@ TEST(Scheduler, DeepChainRunsIterativelyOnASmallStack) {
   int64_t counter = 0;
   ExecutionReport r;
   RunOnSmallStack([&] {
-    auto plan = PlanFunc("chain", [&, first = true](const Context&) mutable
-                                      -> absl::StatusOr<Procedures> {
-      if (!first) return Procedures{};
-      first = false;
-      return ProcedureList(std::make_unique<Link>(kDepth, &counter));
-    });
+    auto plan = PlanFunc(
+        "chain",
+        [&,
+         first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+          if (!first) return Procedures{};
+          first = false;
+          return ProcedureList(std::make_unique<Link>(kDepth, &counter));
+        });
     r = Scheduler(Quiet()).Execute(Context(), plan);
   });
   EXPECT_THAT(r.status, IsOk());
@@ -556,12 +598,13 @@ TEST(Scheduler, DeepChainRunsIterativelyOnASmallStack) {
 
 TEST(Scheduler, MaxRecordedStepsZeroKeepsOnlyCounters) {
   int64_t counter = 0;
-  auto plan = PlanFunc("chain", [&, first = true](const Context&) mutable
-                                    -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    return ProcedureList(std::make_unique<Link>(10, &counter));
-  });
+  auto plan = PlanFunc(
+      "chain",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(std::make_unique<Link>(10, &counter));
+      });
   ExecutionReport r =
       Scheduler(Quiet({.max_recorded_steps = 0})).Execute(Context(), plan);
   EXPECT_THAT(r.status, IsOk());
@@ -576,38 +619,39 @@ TEST(Scheduler, ParallelismRunsSiblingsConcurrentlyWithinTheBound) {
   Mutex mu;
   CondVar cv;
   int running = 0, max_running = 0, done = 0;
-  auto plan = PlanFunc("parallel", [&, first = true](const Context&) mutable
-                                       -> absl::StatusOr<Procedures> {
-    if (!first) return Procedures{};
-    first = false;
-    Procedures out;
-    for (int i = 0; i < kSiblings; ++i) {
-      out.push_back(MakeProcedure("work " + std::to_string(i),
-                                  [&](const Context&) -> absl::StatusOr<Procedures> {
-                                    MutexLock l(&mu);
-                                    ++running;
-                                    max_running = std::max(max_running, running);
-                                    cv.SignalAll();
-                                    // Hold the slot until the pool is full (or
-                                    // the round is almost done), so the test
-                                    // sees real overlap without sleeping.
-                                    cv.Wait(&mu, {}, [&] {
-                                      return running >= kParallelism ||
-                                             done + running >= kSiblings;
-                                    });
-                                    --running;
-                                    ++done;
-                                    cv.SignalAll();
-                                    return ProcedureList(MakeProcedure(
-                                        "child", [](const Context&) -> absl::StatusOr<Procedures> {
-                                          return Procedures{};
-                                        }));
-                                  }));
-    }
-    return out;
-  });
-  ExecutionReport r = Scheduler(Quiet({.parallelism = kParallelism}))
-                          .Execute(Context(), plan);
+  auto plan = PlanFunc(
+      "parallel",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        Procedures out;
+        for (int i = 0; i < kSiblings; ++i) {
+          out.push_back(MakeProcedure(
+              "work " + std::to_string(i),
+              [&](const Context&) -> absl::StatusOr<Procedures> {
+                MutexLock l(&mu);
+                ++running;
+                max_running = std::max(max_running, running);
+                cv.SignalAll();
+                // Hold the slot until the pool is full (or
+                // the round is almost done), so the test
+                // sees real overlap without sleeping.
+                cv.Wait(&mu, {}, [&] {
+                  return running >= kParallelism || done + running >= kSiblings;
+                });
+                --running;
+                ++done;
+                cv.SignalAll();
+                return ProcedureList(MakeProcedure(
+                    "child", [](const Context&) -> absl::StatusOr<Procedures> {
+                      return Procedures{};
+                    }));
+              }));
+        }
+        return out;
+      });
+  ExecutionReport r =
+      Scheduler(Quiet({.parallelism = kParallelism})).Execute(Context(), plan);
   EXPECT_THAT(r.status, IsOk());
   EXPECT_EQ(r.steps_run, 2 * kSiblings);
   MutexLock l(&mu);
@@ -624,20 +668,23 @@ TEST(Scheduler, ParallelismRunsSiblingsConcurrentlyWithinTheBound) {
 
 TEST(Scheduler, ParallelFailureStopsNewWork) {
   std::atomic<int> ran{0};
-  auto plan = PlanFunc("parallel", [&](const Context&) -> absl::StatusOr<Procedures> {
-    Procedures out;
-    out.push_back(MakeProcedure("fail", [&](const Context&) -> absl::StatusOr<Procedures> {
-      ++ran;
-      return absl::InternalError("boom");
-    }));
-    for (int i = 0; i < 50; ++i) {
-      out.push_back(MakeProcedure("work", [&](const Context&) -> absl::StatusOr<Procedures> {
-        ++ran;
-        return Procedures{};
-      }));
-    }
-    return out;
-  });
+  auto plan =
+      PlanFunc("parallel", [&](const Context&) -> absl::StatusOr<Procedures> {
+        Procedures out;
+        out.push_back(MakeProcedure(
+            "fail", [&](const Context&) -> absl::StatusOr<Procedures> {
+              ++ran;
+              return absl::InternalError("boom");
+            }));
+        for (int i = 0; i < 50; ++i) {
+          out.push_back(MakeProcedure(
+              "work", [&](const Context&) -> absl::StatusOr<Procedures> {
+                ++ran;
+                return Procedures{};
+              }));
+        }
+        return out;
+      });
   ExecutionReport r =
       Scheduler(Quiet({.parallelism = 2})).Execute(Context(), plan);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal));
@@ -648,17 +695,22 @@ TEST(Scheduler, ParallelFailureStopsNewWork) {
 
 TEST(Scheduler, PreviewShowsTheNextRoundWithoutRunningIt) {
   int ran = 0;
-  auto plan = PlanFunc("preview", [&](const Context&) -> absl::StatusOr<Procedures> {
-    return ProcedureList(
-        MakeProcedure("run instance", [&](const Context&) -> absl::StatusOr<Procedures> {
-          ++ran;
-          return Procedures{};
-        }, "start 1 instance (have 2, want 3)"),
-        MakeProcedure("update dns", [&](const Context&) -> absl::StatusOr<Procedures> {
-          ++ran;
-          return Procedures{};
-        }));
-  });
+  auto plan =
+      PlanFunc("preview", [&](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(
+            MakeProcedure(
+                "run instance",
+                [&](const Context&) -> absl::StatusOr<Procedures> {
+                  ++ran;
+                  return Procedures{};
+                },
+                "start 1 instance (have 2, want 3)"),
+            MakeProcedure("update dns",
+                          [&](const Context&) -> absl::StatusOr<Procedures> {
+                            ++ran;
+                            return Procedures{};
+                          }));
+      });
   Scheduler s(Quiet());
   SETPOINT_ASSERT_OK_AND_ASSIGN(std::vector<PreviewItem> items,
                                 s.Preview(Context(), plan));
@@ -696,17 +748,20 @@ TEST(Scheduler, PreviewReportsBadPlans) {
 
 TEST(SchedulerOptions, ValidateNamesTheField) {
   EXPECT_THAT(ValidateSchedulerOptions({}), IsOk());
-  EXPECT_THAT(ValidateSchedulerOptions({.max_rounds = 0}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rounds")));
-  EXPECT_THAT(ValidateSchedulerOptions({.parallelism = 0}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parallelism")));
+  EXPECT_THAT(
+      ValidateSchedulerOptions({.max_rounds = 0}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rounds")));
+  EXPECT_THAT(
+      ValidateSchedulerOptions({.parallelism = 0}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parallelism")));
   EXPECT_THAT(ValidateSchedulerOptions({.max_recorded_steps = -1}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("max_recorded_steps")));
   SchedulerOptions o;
   o.default_retry.max_attempts = 0;
-  EXPECT_THAT(ValidateSchedulerOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_attempts")));
+  EXPECT_THAT(
+      ValidateSchedulerOptions(o),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_attempts")));
   // Invalid options are clamped, never crash.
   NeverConverges plan;
   ExecutionReport r =

@@ -23,18 +23,18 @@ namespace setpoint::internal {
 }  // namespace setpoint::internal
 
 // Aborts with a critical log line when `cond` is false.
-#define SETPOINT_CHECK(cond)                                                 \
-  do {                                                                       \
-    if (ABSL_PREDICT_FALSE(!(cond)))                                         \
-      ::setpoint::internal::CheckFailed(__FILE__, __LINE__, #cond, "");      \
+#define SETPOINT_CHECK(cond)                                            \
+  do {                                                                  \
+    if (ABSL_PREDICT_FALSE(!(cond)))                                    \
+      ::setpoint::internal::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (false)
 
 // Like SETPOINT_CHECK, with a fmt-style message formatted only on failure.
-#define SETPOINT_CHECK_MSG(cond, ...)                                      \
-  do {                                                                     \
-    if (ABSL_PREDICT_FALSE(!(cond)))                                       \
-      ::setpoint::internal::CheckFailed(__FILE__, __LINE__, #cond,         \
-                                        ::fmt::format(__VA_ARGS__));       \
+#define SETPOINT_CHECK_MSG(cond, ...)                                \
+  do {                                                               \
+    if (ABSL_PREDICT_FALSE(!(cond)))                                 \
+      ::setpoint::internal::CheckFailed(__FILE__, __LINE__, #cond,   \
+                                        ::fmt::format(__VA_ARGS__)); \
   } while (false)
 
 #endif  // SETPOINT_BASE_CHECK_H_

@@ -5,8 +5,9 @@
 //   std::stop_source stop;
 //   Context ctx(stop.get_token());                   // cancelled by stop
 //   Context step = ctx.WithTimeout(absl::Seconds(5)); // shorter deadline
-//   if (step.Done()) return step.Err();              // kCancelled / kDeadlineExceeded
-//   step.Wait(absl::Milliseconds(100));              // cancellable sleep
+//   if (step.Done()) return step.Err();              // kCancelled /
+//   kDeadlineExceeded step.Wait(absl::Milliseconds(100));              //
+//   cancellable sleep
 //
 // A Context is a cheap value: copy it freely. Children share the parent's stop
 // token (and so are cancelled with it) and can only shorten the deadline. To

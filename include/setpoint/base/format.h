@@ -1,7 +1,8 @@
 // fmt formatters for the absl types setpoint logs: absl::Status,
 // absl::StatusCode, absl::Duration and absl::Time.
 //
-//   SPDLOG_LOGGER_WARN(logger, "retrying op={} err={} after={}", op, status, d);
+//   SPDLOG_LOGGER_WARN(logger, "retrying op={} err={} after={}", op, status,
+//   d);
 //
 // Thread safety: stateless; safe from any thread.
 #ifndef SETPOINT_BASE_FORMAT_H_
@@ -47,8 +48,8 @@ template <>
 struct fmt::formatter<absl::Time> : fmt::formatter<std::string_view> {
   template <typename FormatContext>
   auto format(absl::Time t, FormatContext& ctx) const -> decltype(ctx.out()) {
-    std::string text = absl::FormatTime(absl::RFC3339_full, t,
-                                        absl::UTCTimeZone());
+    std::string text =
+        absl::FormatTime(absl::RFC3339_full, t, absl::UTCTimeZone());
     return fmt::formatter<std::string_view>::format(text, ctx);
   }
 };

@@ -68,21 +68,6 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   Mutex* const mu_;
 };
 
-// Holds a Mutex released for the lifetime of the scope (the caller must hold
-// it on entry; it is held again on exit). Use to call out without the lock.
-class ABSL_SCOPED_LOCKABLE MutexUnlock {
- public:
-  explicit MutexUnlock(Mutex* mu) ABSL_UNLOCK_FUNCTION(mu) : mu_(mu) {
-    mu_->Unlock();
-  }
-  ~MutexUnlock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_->Lock(); }
-  MutexUnlock(const MutexUnlock&) = delete;
-  MutexUnlock& operator=(const MutexUnlock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
-
 // A condition variable used with Mutex. Waits can be cut short by a
 // std::stop_token. Spurious wake-ups happen: always wait in a loop or use the
 // predicate forms.
@@ -154,7 +139,8 @@ class ABSL_LOCKABLE ThreadChecker {
 }  // namespace setpoint
 
 // Asserts (in debug builds) that the caller runs on the checker's thread.
-#define SETPOINT_DCHECK_THREAD(checker) \
-  SETPOINT_CHECK_MSG((checker).CalledOnValidThread(), "called on wrong thread")
+#define SETPOINT_DCHECK_THREAD(checker)                                  \
+  SETPOINT_CHECK_MSG((checker).CalledOnValidThread(), "called on wrong " \
+                                                      "thread")
 
 #endif  // SETPOINT_BASE_MUTEX_H_

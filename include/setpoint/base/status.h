@@ -1,7 +1,7 @@
 // Status helpers: propagation macros and annotation for absl::Status.
 //
-// Debian's abseil (20220623) has no status macros, so setpoint brings its own in
-// the shape of Abseil's:
+// Debian's abseil (20220623) has no status macros, so setpoint brings its own
+// in the shape of Abseil's:
 //
 //   absl::StatusOr<int> ParsePort(std::string_view s);
 //   absl::Status Connect(std::string_view addr) {
@@ -55,8 +55,8 @@ absl::Status AsStatus(const absl::StatusOr<T>& s) {
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status from
 // the enclosing function, otherwise moves the value into `lhs`, which may be a
 // declaration (`auto x`) or an existing variable.
-#define SETPOINT_ASSIGN_OR_RETURN(lhs, rexpr)                                  \
-  SETPOINT_INTERNAL_ASSIGN_OR_RETURN(                                          \
+#define SETPOINT_ASSIGN_OR_RETURN(lhs, rexpr) \
+  SETPOINT_INTERNAL_ASSIGN_OR_RETURN(         \
       SETPOINT_INTERNAL_CONCAT(setpoint_statusor_, __LINE__), lhs, rexpr)
 
 #define SETPOINT_INTERNAL_ASSIGN_OR_RETURN(tmp, lhs, rexpr) \

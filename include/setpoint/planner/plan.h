@@ -42,7 +42,8 @@ class Plan {
   virtual absl::StatusOr<Procedures> Create(const Context& ctx) = 0;
 };
 
-// A Plan from a name and a callable `absl::StatusOr<Procedures>(const Context&)`.
+// A Plan from a name and a callable `absl::StatusOr<Procedures>(const
+// Context&)`.
 template <typename Fn>
 class PlanFunc final : public Plan {
  public:

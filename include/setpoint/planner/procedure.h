@@ -108,18 +108,18 @@ class ProcedureFunc final : public Procedure {
 };
 
 // Makes a procedure from a lambda:
-//   MakeProcedure("delete record", [&](const Context& ctx) -> absl::StatusOr<Procedures> {
+//   MakeProcedure("delete record", [&](const Context& ctx) ->
+//   absl::StatusOr<Procedures> {
 //     SETPOINT_RETURN_IF_ERROR(dns.Delete(ctx, name));
 //     return Procedures{};
 //   });
 template <typename Fn>
 std::unique_ptr<Procedure> MakeProcedure(std::string name, Fn&& fn,
                                          std::string description = {}) {
-  static_assert(
-      std::is_invocable_r_v<absl::StatusOr<Procedures>, std::decay_t<Fn>&,
-                            const Context&>,
-      "a procedure body must be callable as "
-      "absl::StatusOr<Procedures>(const Context&)");
+  static_assert(std::is_invocable_r_v<absl::StatusOr<Procedures>,
+                                      std::decay_t<Fn>&, const Context&>,
+                "a procedure body must be callable as "
+                "absl::StatusOr<Procedures>(const Context&)");
   return std::make_unique<ProcedureFunc<std::decay_t<Fn>>>(
       std::move(name), std::forward<Fn>(fn), std::move(description));
 }

@@ -3,7 +3,8 @@
 // world is pulled back whenever it drifts.
 //
 //   setpoint::ReconcileLoop loop(plan, {.interval = absl::Seconds(10),
-//                                       .gate = [&] { return node.OwnsShardZero(); }});
+//                                       .gate = [&] { return
+//                                       node.OwnsShardZero(); }});
 //   loop.Start();          // own thread "sp-reconcile"
 //   ...
 //   loop.Trigger();        // an event says the world changed: run now
@@ -72,11 +73,11 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& options);
 
 // Counters for operators and tests.
 struct ReconcileLoopStats {
-  int64_t executions = 0;         // Executions run.
-  int64_t failures = 0;           // Executions that did not converge.
+  int64_t executions = 0;  // Executions run.
+  int64_t failures = 0;    // Executions that did not converge.
   int64_t consecutive_failures = 0;
-  int64_t skipped_by_gate = 0;    // Wake-ups where the gate said no.
-  int64_t triggers = 0;           // Trigger() calls (coalesced or not).
+  int64_t skipped_by_gate = 0;  // Wake-ups where the gate said no.
+  int64_t triggers = 0;         // Trigger() calls (coalesced or not).
 };
 
 class ReconcileLoop {

@@ -53,25 +53,26 @@ MATCHER_P2(StatusIs, code, message_matcher,
                                                        negation)) {
   const absl::Status& s = internal::GetStatus(arg);
   *result_listener << "status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(::testing::Matcher<std::string>(message_matcher))(
-             std::string(s.message()));
+  return s.code() == code && ::testing::Matches(::testing::Matcher<std::string>(
+                                 message_matcher))(std::string(s.message()));
 }
 
 }  // namespace setpoint::testing
 
-#define SETPOINT_EXPECT_OK(expr) EXPECT_THAT((expr), ::setpoint::testing::IsOk())
-#define SETPOINT_ASSERT_OK(expr) ASSERT_THAT((expr), ::setpoint::testing::IsOk())
+#define SETPOINT_EXPECT_OK(expr) \
+  EXPECT_THAT((expr), ::setpoint::testing::IsOk())
+#define SETPOINT_ASSERT_OK(expr) \
+  ASSERT_THAT((expr), ::setpoint::testing::IsOk())
 
 // Asserts that `rexpr` (a StatusOr) is OK and moves its value into `lhs`.
-#define SETPOINT_ASSERT_OK_AND_ASSIGN(lhs, rexpr)                             \
-  SETPOINT_INTERNAL_ASSERT_OK_AND_ASSIGN(                                     \
+#define SETPOINT_ASSERT_OK_AND_ASSIGN(lhs, rexpr) \
+  SETPOINT_INTERNAL_ASSERT_OK_AND_ASSIGN(         \
       SETPOINT_TESTING_CONCAT(setpoint_statusor_, __LINE__), lhs, rexpr)
 #define SETPOINT_TESTING_CONCAT_IMPL(a, b) a##b
 #define SETPOINT_TESTING_CONCAT(a, b) SETPOINT_TESTING_CONCAT_IMPL(a, b)
 #define SETPOINT_INTERNAL_ASSERT_OK_AND_ASSIGN(tmp, lhs, rexpr) \
-  auto tmp = (rexpr);                                          \
-  ASSERT_THAT(tmp, ::setpoint::testing::IsOk());               \
+  auto tmp = (rexpr);                                           \
+  ASSERT_THAT(tmp, ::setpoint::testing::IsOk());                \
   lhs = std::move(tmp).value()
 
 #endif  // SETPOINT_TESTING_STATUS_MATCHERS_H_
