@@ -57,7 +57,13 @@ ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
       clock_(options_.clock),
       logger_(options_.logger.get()),
       failure_backoff_(options_.failure_backoff, options_.seed),
-      rng_(options_.seed + 1) {}
+      rng_(options_.seed + 1) {
+  try {
+    plan_name_ = plan_.Name();
+  } catch (...) {
+    plan_name_ = "(plan name threw)";
+  }
+}
 
 ReconcileLoop::~ReconcileLoop() { Stop(); }
 
@@ -74,7 +80,7 @@ absl::Status ReconcileLoop::Start() {
     absl::Status s = Run(Context(stop, clock_));
     if (!s.ok() && !absl::IsCancelled(s)) {
       SPDLOG_LOGGER_ERROR(logger_, "reconcile loop ended plan={} err={}",
-                          plan_.Name(), s);
+                          plan_name_, s);
     }
   });
   return absl::OkStatus();
@@ -104,10 +110,11 @@ ReconcileLoopStats ReconcileLoop::stats() const {
   return stats_;
 }
 
-absl::Duration ReconcileLoop::NextWait(bool failed) {
+absl::Duration ReconcileLoop::NextWait(Outcome outcome) {
   MutexLock l(&mu_);
-  if (failed) return failure_backoff_.Next();
-  failure_backoff_.Reset();
+  if (outcome == Outcome::kFailed) return failure_backoff_.Next();
+  // A gate skip neither proves nor disproves the plan: keep the backoff.
+  if (outcome == Outcome::kConverged) failure_backoff_.Reset();
   std::uniform_real_distribution<double> frac(0.0, options_.jitter);
   double extra = options_.jitter > 0.0 ? frac(rng_) : 0.0;
   return options_.interval * (1.0 + extra);
@@ -119,9 +126,9 @@ bool ReconcileLoop::GateOpen() {
     return options_.gate();
   } catch (const std::exception& e) {
     SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={} err=\"{}\"",
-                       plan_.Name(), e.what());
+                       plan_name_, e.what());
   } catch (...) {
-    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={}", plan_.Name());
+    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={}", plan_name_);
   }
   return false;
 }
@@ -139,10 +146,12 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
   while (true) {
     {
       MutexLock l(&mu_);
-      clock_->AwaitWithDeadline(&mu_, &cv_, next, ctx.stop_token(), [this] {
-        mu_.AssertHeld();
-        return triggered_;
-      });
+      // The context's deadline, if any, ends the wait too.
+      clock_->AwaitWithDeadline(&mu_, &cv_, std::min(next, ctx.deadline()),
+                                ctx.stop_token(), [this] {
+                                  mu_.AssertHeld();
+                                  return triggered_;
+                                });
       if (ctx.Done()) {
         running_ = false;
         return ctx.Err();
@@ -156,40 +165,45 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
         ++stats_.skipped_by_gate;
       }
       SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}",
-                          plan_.Name());
-      next = clock_->Now() + NextWait(false);
+                          plan_name_);
+      next = clock_->Now() + NextWait(Outcome::kSkipped);
       continue;
     }
     ExecutionReport report = scheduler_.Execute(ctx, plan_);
-    bool failed = !report.status.ok();
+    // An execution cut short by this loop's own stop is not a failure of the
+    // plan: it is recorded as the last report but not counted.
+    bool stopped = ctx.Done();
+    bool failed = !report.status.ok() && !stopped;
+    {
+      MutexLock l(&mu_);
+      if (!stopped) ++stats_.executions;
+      if (failed) {
+        ++stats_.failures;
+        ++stats_.consecutive_failures;
+      } else if (!stopped) {
+        stats_.consecutive_failures = 0;
+      }
+      last_report_ = report;
+    }
     if (options_.on_report) {
       try {
         options_.on_report(report);
       } catch (const std::exception& e) {
         SPDLOG_LOGGER_WARN(logger_,
                            "reconcile on_report threw plan={} err=\"{}\"",
-                           plan_.Name(), e.what());
+                           plan_name_, e.what());
       } catch (...) {
         SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}",
-                           plan_.Name());
+                           plan_name_);
       }
     }
-    {
-      MutexLock l(&mu_);
-      ++stats_.executions;
-      if (failed) {
-        ++stats_.failures;
-        ++stats_.consecutive_failures;
-      } else {
-        stats_.consecutive_failures = 0;
-      }
-      last_report_ = std::move(report);
-    }
-    absl::Duration wait = NextWait(failed);
-    if (failed && !ctx.Done()) {
+    if (stopped) continue;  // The wait above returns at once and ends Run.
+    absl::Duration wait =
+        NextWait(failed ? Outcome::kFailed : Outcome::kConverged);
+    if (failed) {
       SPDLOG_LOGGER_WARN(logger_,
                          "reconcile failed, backing off plan={} after={}",
-                         plan_.Name(), wait);
+                         plan_name_, wait);
     }
     next = clock_->Now() + wait;
   }

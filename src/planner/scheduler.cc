@@ -1,5 +1,7 @@
 #include "setpoint/planner/scheduler.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -7,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "setpoint/base/backoff.h"
@@ -41,10 +44,12 @@ absl::StatusOr<Procedures> SafeCreate(Plan& plan, const Context& ctx) {
   }
 }
 
-absl::StatusOr<Procedures> SafeDo(Procedure& procedure, const Context& ctx) {
+absl::StatusOr<Procedures> SafeDo(Procedure& procedure, const Context& ctx,
+                                  bool* threw) {
   try {
     return procedure.Do(ctx);
   } catch (...) {
+    *threw = true;
     return absl::UnknownError(absl::StrCat("threw: ", ExceptionText()));
   }
 }
@@ -162,6 +167,7 @@ class Execution {
             Op(), ": did not converge after max_rounds=", options_.max_rounds,
             "; create still returns ", created->size(),
             " procedures: ", NameList(*created))));
+        for (auto& p : *created) RecordNotRun(Pending{std::move(p), -1}, round);
         break;
       }
       report_.rounds = round;
@@ -201,7 +207,7 @@ class Execution {
   }
 
   // Runs one procedure with its retry policy. Called without mu_ held.
-  StepResult RunStep(Procedure& procedure) {
+  StepResult RunStep(Procedure& procedure, uint64_t step_seq) {
     const RetryPolicy& policy = procedure.retry_policy() != nullptr
                                     ? *procedure.retry_policy()
                                     : options_.default_retry;
@@ -209,18 +215,27 @@ class Execution {
     std::optional<Backoff> backoff;
     while (true) {
       ++result.attempts;
-      absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_);
+      bool threw = false;
+      absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_, &threw);
       if (out.ok()) {
         result.status = ValidateProcedures(*out);
         result.children = std::move(out).value();
         return result;
       }
       result.status = std::move(out).status();
-      if (result.attempts >= policy.max_attempts || ctx_.Done() ||
+      if (threw || result.attempts >= policy.max_attempts || ctx_.Done() ||
           !IsRetryable(policy, result.status)) {
         return result;
       }
-      if (!backoff) backoff.emplace(policy.backoff);
+      if (!backoff) {
+        // Seeded only on this (rare) path: a random seed costs a syscall.
+        uint64_t seed = options_.seed;
+        if (seed == 0) {
+          absl::BitGen gen;
+          seed = absl::Uniform<uint64_t>(gen);
+        }
+        backoff.emplace(policy.backoff, seed + step_seq);
+      }
       absl::Duration delay = backoff->Next();
       if (logger_ != nullptr && logger_->should_log(spdlog::level::warn)) {
         SPDLOG_LOGGER_WARN(logger_,
@@ -231,7 +246,15 @@ class Execution {
                            result.status);
       }
       ++retries_;
-      if (!ctx_.Wait(delay).ok()) return result;
+      if (absl::Status waited = ctx_.Wait(delay); !waited.ok()) {
+        // Cut short by the context: the run was cancelled, not the step's
+        // fault; say both.
+        result.status =
+            Annotate(waited, absl::StrCat("waiting to retry after attempt ",
+                                          result.attempts, " failed with \"",
+                                          result.status.ToString(), "\""));
+        return result;
+      }
     }
   }
 
@@ -316,7 +339,7 @@ class Execution {
       }
       bool timed = Recording();
       absl::Time started = timed ? clock_->Now() : absl::InfinitePast();
-      StepResult result = RunStep(*pending.procedure);
+      StepResult result = RunStep(*pending.procedure, next_seq_++);
       absl::Duration took =
           timed ? clock_->Now() - started : absl::ZeroDuration();
       if (!Finish(pending, result, started, took)) return;
@@ -343,23 +366,34 @@ class Execution {
           break;
         }
         ++in_flight;
+        uint64_t seq = next_seq_++;
         bool timed = Recording();
         mu.Unlock();
         absl::Time started = timed ? clock_->Now() : absl::InfinitePast();
-        StepResult result = RunStep(*pending.procedure);
+        StepResult result = RunStep(*pending.procedure, seq);
         absl::Duration took =
             timed ? clock_->Now() - started : absl::ZeroDuration();
         mu.Lock();
         --in_flight;
         if (!Finish(pending, result, started, took)) stop = true;
         cv.SignalAll();
+        // The user's destructor runs without the lock held.
+        std::unique_ptr<Procedure> finished = std::move(pending.procedure);
+        mu.Unlock();
+        finished.reset();
+        mu.Lock();
       }
       cv.SignalAll();
       mu.Unlock();
     };
     std::vector<std::jthread> threads;
     threads.reserve(options_.parallelism - 1);
-    for (int i = 1; i < options_.parallelism; ++i) threads.emplace_back(worker);
+    for (int i = 1; i < options_.parallelism; ++i) {
+      threads.emplace_back([&worker] {
+        pthread_setname_np(pthread_self(), "sp-planner");
+        worker();
+      });
+    }
     worker();
     threads.clear();  // Joins.
   }
@@ -368,7 +402,9 @@ class Execution {
     report_.retries = retries_.load();
     report_.status = failure_;
     report_.duration = clock_->Now() - report_.started;
-    if (logger_ != nullptr) {
+    spdlog::level::level_enum level =
+        report_.status.ok() ? spdlog::level::info : spdlog::level::warn;
+    if (logger_ != nullptr && logger_->should_log(level)) {
       if (report_.status.ok()) {
         SPDLOG_LOGGER_INFO(logger_, "plan executed {}", report_.Summary());
       } else {
@@ -391,7 +427,9 @@ class Execution {
   std::vector<Pending> stack_;
   absl::Status failure_;
   int round_ = 0;
-  std::atomic<int64_t> retries_{0};  // Bumped by workers without the mutex.
+  std::atomic<int64_t> retries_{0};
+  uint64_t next_seq_ = 0;  // Steps started; seeds each step's retry jitter.  //
+                           // Bumped by workers without the mutex.
 };
 
 }  // namespace

@@ -48,6 +48,7 @@ bool SimulatedClock::AwaitWithDeadline(Mutex* mu, CondVar* cv,
                                        std::stop_token stop,
                                        absl::FunctionRef<bool()> pred) {
   if (pred()) return true;
+  if (stop.stop_requested() || Now() >= deadline) return false;
   auto waiter = std::make_shared<Waiter>();
   waiter->mu = mu;
   waiter->cv = cv;

@@ -195,6 +195,63 @@ TEST(ReconcileLoop, StopCancelsARunningExecutionPromptly) {
   MutexLock l(&mu);
   ASSERT_TRUE(seen.has_value());
   EXPECT_THAT(seen->status, StatusIs(absl::StatusCode::kCancelled));
+  // Cut short by Stop: reported, but not counted as a failure of the plan.
+  EXPECT_EQ(loop.stats().failures, 0);
+  EXPECT_EQ(loop.stats().executions, 0);
+}
+
+TEST(ReconcileLoop, GateSkipsKeepTheFailureBackoff) {
+  SimulatedClock clock;
+  CountingPlan plan;
+  plan.fail = true;
+  std::atomic<bool> open{true};
+  ReconcileLoopOptions o = Options(&clock);
+  o.gate = [&] { return open.load(); };
+  ReconcileLoop loop(plan, o);
+  ASSERT_THAT(loop.Start(), IsOk());
+  ASSERT_TRUE(Parked(loop, clock, 1));  // Failure 1: wait 1 s.
+  clock.AdvanceTime(absl::Seconds(1));
+  ASSERT_TRUE(Parked(loop, clock, 2));  // Failure 2: wait 2 s.
+  open = false;
+  clock.AdvanceTime(absl::Seconds(2));
+  ASSERT_TRUE(Parked(loop, clock, 3));  // Skipped: wait the interval.
+  EXPECT_EQ(loop.stats().skipped_by_gate, 1);
+  open = true;
+  clock.AdvanceTime(absl::Seconds(10));
+  ASSERT_TRUE(Parked(loop, clock, 4));  // Failure 3: the backoff went on.
+  EXPECT_EQ(clock.NextDeadline() - clock.Now(), absl::Seconds(4));
+}
+
+TEST(ReconcileLoop, RunEndsAtTheContextDeadline) {
+  SimulatedClock clock;
+  CountingPlan plan;
+  ReconcileLoop loop(plan, Options(&clock));
+  absl::Status result;
+  std::jthread t([&] {
+    result =
+        loop.Run(Context::Background(&clock).WithTimeout(absl::Seconds(3)));
+  });
+  ASSERT_TRUE(Parked(loop, clock, 1));
+  EXPECT_EQ(clock.NextDeadline() - clock.Now(), absl::Seconds(3));
+  clock.AdvanceTime(absl::Seconds(3));
+  t.join();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST(ReconcileLoop, OnReportSeesUpdatedStats) {
+  SimulatedClock clock;
+  CountingPlan plan;
+  std::atomic<int64_t> seen{-1};
+  ReconcileLoopOptions o = Options(&clock);
+  ReconcileLoop* self = nullptr;
+  o.on_report = [&](const ExecutionReport&) {
+    seen = self->stats().executions;
+  };
+  ReconcileLoop loop(plan, o);
+  self = &loop;
+  ASSERT_THAT(loop.Start(), IsOk());
+  ASSERT_TRUE(Parked(loop, clock, 1));
+  ASSERT_TRUE(AwaitCondition([&] { return seen.load() == 1; }));
 }
 
 TEST(ReconcileLoop, RunOnCallersThreadAndRefuseDoubleStart) {

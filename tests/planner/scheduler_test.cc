@@ -158,6 +158,11 @@ TEST(Scheduler, MaxRoundsAbortsAPlanThatNeverConverges) {
   EXPECT_EQ(r.rounds, 5);
   EXPECT_EQ(plan.creates, 6);
   EXPECT_EQ(r.steps_run, 5);
+  // What the last Create still wanted is reported as not run.
+  EXPECT_EQ(r.steps_not_run, 1);
+  ASSERT_EQ(r.steps.size(), 6u);
+  EXPECT_EQ(r.steps.back().outcome, StepOutcome::kNotRun);
+  EXPECT_EQ(r.steps.back().round, 6);
 }
 
 TEST(Scheduler, DefaultMaxRoundsIs100) {
@@ -515,8 +520,56 @@ TEST(Scheduler, CancelDuringRetryBackoffStopsPromptly) {
   ASSERT_TRUE(clock.AwaitWaiters(1));  // Blocked in the backoff wait.
   stop.request_stop();
   runner.join();
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnavailable));
+  // The run was cancelled; the step's own last error is kept in the message.
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("failed with \"UNAVAILABLE: 503\"")));
   EXPECT_EQ(r.steps[0].attempts, 1);
+}
+
+TEST(Scheduler, ExceptionsAreNotRetried) {
+  int calls = 0;
+  auto plan =
+      PlanFunc("throws", [&](const Context&) -> absl::StatusOr<Procedures> {
+        auto p = MakeProcedure(
+            "bug", [&](const Context&) -> absl::StatusOr<Procedures> {
+              ++calls;
+              throw std::out_of_range("vector::at");
+            });
+        p->set_retry_policy({.max_attempts = 5});
+        return ProcedureList(std::move(p));
+      });
+  ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kUnknown, HasSubstr("vector::at")));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Scheduler, RetryJitterIsReproducibleWithASeed) {
+  auto run = [](uint64_t seed) {
+    SimulatedClock clock({.auto_advance = true});
+    auto plan = PlanFunc(
+        "jitter",
+        [first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+          if (!first) return Procedures{};
+          first = false;
+          return ProcedureList(MakeProcedure(
+              "flaky",
+              [n = 0](const Context&) mutable -> absl::StatusOr<Procedures> {
+                if (++n < 4) return absl::UnavailableError("503");
+                return Procedures{};
+              }));
+        });
+    SchedulerOptions o = Quiet({.seed = seed});
+    o.default_retry = {.max_attempts = 4,
+                       .backoff = {.initial = absl::Seconds(1), .jitter = 0.9}};
+    absl::Time t0 = clock.Now();
+    EXPECT_THAT(Scheduler(o).Execute(Context::Background(&clock), plan).status,
+                IsOk());
+    return clock.Now() - t0;
+  };
+  EXPECT_EQ(run(11), run(11));
+  EXPECT_NE(run(11), run(12));
 }
 
 // Runs `fn` on a thread with a small native stack (256 KiB): anything

@@ -1,7 +1,8 @@
 // Backoff: capped exponential delays with jitter, for retries.
 //
-//   Backoff backoff({.initial = absl::Milliseconds(100), .max =
-//   absl::Minutes(5)}); while (!TryOnce().ok()) ctx.Wait(backoff.Next());
+//   Backoff backoff({.initial = absl::Milliseconds(100),
+//                    .max = absl::Minutes(5)});
+//   while (!TryOnce().ok()) ctx.Wait(backoff.Next());
 //   backoff.Reset();  // after a success
 //
 // The n-th delay (n from 0) is min(max, initial * multiplier^n), reduced by a

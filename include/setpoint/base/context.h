@@ -3,11 +3,10 @@
 // context.Context.
 //
 //   std::stop_source stop;
-//   Context ctx(stop.get_token());                   // cancelled by stop
-//   Context step = ctx.WithTimeout(absl::Seconds(5)); // shorter deadline
-//   if (step.Done()) return step.Err();              // kCancelled /
-//   kDeadlineExceeded step.Wait(absl::Milliseconds(100));              //
-//   cancellable sleep
+//   Context ctx(stop.get_token());         // cancelled by stop
+//   Context step = ctx.WithTimeout(absl::Seconds(5));  // shorter deadline
+//   if (step.Done()) return step.Err();    // kCancelled / kDeadlineExceeded
+//   step.Wait(absl::Milliseconds(100));    // cancellable sleep
 //
 // A Context is a cheap value: copy it freely. Children share the parent's stop
 // token (and so are cancelled with it) and can only shorten the deadline. To

@@ -1,8 +1,8 @@
 // fmt formatters for the absl types setpoint logs: absl::Status,
 // absl::StatusCode, absl::Duration and absl::Time.
 //
-//   SPDLOG_LOGGER_WARN(logger, "retrying op={} err={} after={}", op, status,
-//   d);
+//   SPDLOG_LOGGER_WARN(logger, "retrying op={} err={} after={}",
+//                      op, status, delay);
 //
 // Thread safety: stateless; safe from any thread.
 #ifndef SETPOINT_BASE_FORMAT_H_

@@ -139,8 +139,7 @@ class ABSL_LOCKABLE ThreadChecker {
 }  // namespace setpoint
 
 // Asserts (in debug builds) that the caller runs on the checker's thread.
-#define SETPOINT_DCHECK_THREAD(checker)                                  \
-  SETPOINT_CHECK_MSG((checker).CalledOnValidThread(), "called on wrong " \
-                                                      "thread")
+#define SETPOINT_DCHECK_THREAD(checker) \
+  SETPOINT_CHECK_MSG((checker).CalledOnValidThread(), "wrong thread")
 
 #endif  // SETPOINT_BASE_MUTEX_H_

@@ -29,7 +29,9 @@ std::string_view StepOutcomeName(StepOutcome outcome);
 
 // One procedure the execution accepted.
 struct StepRecord {
-  // Position in ExecutionReport::steps (execution order; not-run steps last).
+  // Position in ExecutionReport::steps. Steps are recorded as they finish
+  // (with parallelism > 1, in finishing order); not-run steps are recorded
+  // when the run gives up on them.
   int64_t id = 0;
   // Id of the step that returned this one; -1 when Plan::Create did.
   int64_t parent = -1;
@@ -64,8 +66,8 @@ struct ExecutionReport {
   int64_t retries = 0;
   absl::Time started;
   absl::Duration duration;
-  // The step a cancelled or failed run stopped before (empty when it stopped
-  // before a Create call, or did not stop early).
+  // The step a cancelled run (stop token or deadline) stopped before; empty
+  // when it stopped before a Create call or was not cancelled.
   std::string stopped_before;
   // The first max_recorded_steps steps; `steps_truncated` says more ran.
   std::vector<StepRecord> steps;

@@ -50,8 +50,9 @@ struct RetryPolicy {
   BackoffOptions backoff = {.initial = absl::Milliseconds(100),
                             .max = absl::Seconds(10)};
   // Which errors are worth another attempt. Default (empty): every error but
-  // the terminal ones (IsTerminalError) and the context's own
-  // kCancelled/kDeadlineExceeded once the context is done.
+  // the terminal ones (IsTerminalError). Whatever this says, a step is not
+  // retried once its context is done, nor after it threw an exception (a
+  // bug, not a transient fault).
   std::function<bool(const absl::Status&)> retryable = nullptr;
 };
 

@@ -1,10 +1,11 @@
 // ReconcileLoop: runs a Plan again and again — every `interval`, at once on
-// Trigger(), sooner after failures with capped exponential backoff — so the
-// world is pulled back whenever it drifts.
+// Trigger(), and after failures on a capped exponential backoff instead of
+// the interval — so the world is pulled back whenever it drifts.
 //
-//   setpoint::ReconcileLoop loop(plan, {.interval = absl::Seconds(10),
-//                                       .gate = [&] { return
-//                                       node.OwnsShardZero(); }});
+//   std::atomic<bool> leader{false};  // set by whatever elects the leader
+//   setpoint::ReconcileLoop loop(
+//       plan, {.interval = absl::Seconds(10),
+//              .gate = [&] { return leader.load(); }});
 //   loop.Start();          // own thread "sp-reconcile"
 //   ...
 //   loop.Trigger();        // an event says the world changed: run now
@@ -12,8 +13,9 @@
 //
 // Or run it on a thread you own: `loop.Run(ctx)` returns when ctx is cancelled.
 //
-// Thread safety: all public methods are thread-safe. The plan is only used by
-// the loop's thread (Create/Do never run concurrently with themselves).
+// Thread safety: Trigger(), last_report() and stats() may be called from any
+// thread. Start(), Stop() and the destructor must not race each other (call
+// them from one owner thread). The plan is only used by the loop's thread.
 #ifndef SETPOINT_PLANNER_RECONCILE_LOOP_H_
 #define SETPOINT_PLANNER_RECONCILE_LOOP_H_
 
@@ -22,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -53,8 +56,8 @@ struct ReconcileLoopOptions {
   // skipped and asked again after `interval`. Use it so only the owner of a
   // shard or the leader runs the plan. Default (empty): always run.
   std::function<bool()> gate = nullptr;
-  // Called on the loop's thread after every execution. Exceptions are caught
-  // and logged. Default: none.
+  // Called on the loop's thread after every execution, once last_report() and
+  // stats() include it. Exceptions are caught and logged. Default: none.
   std::function<void(const ExecutionReport&)> on_report = nullptr;
   // Options of the Scheduler that runs each execution.
   // Default: SchedulerOptions{}.
@@ -73,7 +76,7 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& options);
 
 // Counters for operators and tests.
 struct ReconcileLoopStats {
-  int64_t executions = 0;  // Executions run.
+  int64_t executions = 0;  // Executions run (not one cut short by Stop).
   int64_t failures = 0;    // Executions that did not converge.
   int64_t consecutive_failures = 0;
   int64_t skipped_by_gate = 0;  // Wake-ups where the gate said no.
@@ -97,8 +100,9 @@ class ReconcileLoop {
   // thread to end. Idempotent.
   void Stop();
 
-  // Runs the loop on the calling thread until `ctx` is done; returns
-  // ctx.Err() then, or kFailedPrecondition if the loop is already running.
+  // Runs the loop on the calling thread until `ctx` is done (cancelled or past
+  // its deadline); returns ctx.Err() then, or kFailedPrecondition if the loop
+  // is already running. Waits use options.clock; give `ctx` the same clock.
   absl::Status Run(const Context& ctx);
 
   // Asks for an execution now. Calls while one is pending coalesce into one;
@@ -110,10 +114,13 @@ class ReconcileLoop {
   ReconcileLoopStats stats() const;
 
  private:
-  absl::Duration NextWait(bool failed);
+  enum class Outcome { kConverged, kFailed, kSkipped };
+  // The wait before the next execution after `outcome`.
+  absl::Duration NextWait(Outcome outcome);
   bool GateOpen();
 
   Plan& plan_;
+  std::string plan_name_;  // For logs; read once so a throwing Name() is safe.
   const ReconcileLoopOptions options_;
   const Scheduler scheduler_;
   Clock* const clock_;

@@ -57,7 +57,12 @@ struct SchedulerOptions {
   // The retry policy for procedures that set none.
   // Default: one attempt.
   RetryPolicy default_retry = {};
-  // Where the one info line per execution and the debug line per step go.
+  // Seed for the jitter of retry backoffs, so tests can fix it; each step's
+  // backoff uses seed + its position. 0 picks a random seed per execution.
+  // Default: 0.
+  uint64_t seed = 0;
+  // Where the one line per execution (info when it converged, warn when
+  // not) and the debug line per step go.
   // Default: spdlog's default logger at the time the Scheduler is made.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };

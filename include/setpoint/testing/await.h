@@ -3,8 +3,8 @@
 // SimulatedClock::AwaitWaiters or a callback that signals; use this when the
 // state can only be read.
 //
-//   ASSERT_TRUE(setpoint::testing::AwaitCondition([&] { return
-//   loop.stats().executions >= 2; }));
+//   ASSERT_TRUE(setpoint::testing::AwaitCondition(
+//       [&] { return loop.stats().executions >= 2; }));
 //
 // Thread safety: `pred` is called on the calling thread only.
 #ifndef SETPOINT_TESTING_AWAIT_H_

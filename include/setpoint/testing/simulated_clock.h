@@ -2,9 +2,11 @@
 // deterministic tests of anything that waits or times out.
 //
 //   setpoint::testing::SimulatedClock clock;
-//   std::jthread t([&](std::stop_token st) { clock.SleepFor(absl::Seconds(5),
-//   st); }); clock.AwaitWaiters(1);             // the thread is now blocked on
-//   the clock clock.AdvanceTime(absl::Seconds(5));  // ...and wakes
+//   std::jthread t([&](std::stop_token st) {
+//     clock.SleepFor(absl::Seconds(5), st);
+//   });
+//   clock.AwaitWaiters(1);                // the thread is blocked on the clock
+//   clock.AdvanceTime(absl::Seconds(5));  // ...and wakes
 //
 // With `auto_advance` set, a wait that would block until a finite deadline
 // instead moves the clock to that deadline at once: single-threaded code that
