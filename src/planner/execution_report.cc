@@ -74,8 +74,8 @@ std::string ExecutionReport::Summary() const {
       "plan=", plan, " execution=", execution_id,
       " status=", status.ok() ? "ok" : absl::StatusCodeToString(status.code()),
       " rounds=", rounds, " steps=", steps_run, " failed=", steps_failed,
-      " not_run=", steps_not_run, " retries=", retries,
-      " duration=", absl::FormatDuration(duration));
+      " not_run=", steps_not_run, " retries=", retries, " duration=",
+      absl::FormatDuration(absl::Trunc(duration, absl::Microseconds(1))));
   if (!stopped_before.empty()) {
     absl::StrAppend(&out, " stopped_before=\"", stopped_before, "\"");
   }
