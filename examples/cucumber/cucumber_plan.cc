@@ -4,8 +4,8 @@
 #include <optional>
 #include <utility>
 
-#include "setpoint/base/backoff.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/retry.h"
 #include "setpoint/base/status.h"
 #include "spdlog/fmt/fmt.h"
 #include "spdlog/spdlog.h"
@@ -50,15 +50,6 @@ std::string FormatAddresses(const std::set<std::string>& addresses) {
 
 std::string FormatRecord(const std::optional<std::set<std::string>>& record) {
   return record.has_value() ? FormatAddresses(*record) : "missing";
-}
-
-bool Retryable(const setpoint::RetryPolicy& policy, const absl::Status& s) {
-  if (!policy.retryable) return absl::IsUnavailable(s);
-  try {
-    return policy.retryable(s);
-  } catch (...) {
-    return false;
-  }
 }
 
 // What every step of one Create() call needs.
@@ -345,32 +336,28 @@ class ReconcileNodes final : public Procedure {
   std::string description_;
 };
 
-// Runs `call` (returning absl::StatusOr<T>) until it succeeds, fails with an
-// error `policy` does not retry, runs out of attempts, or `ctx` ends; waits
-// with backoff between attempts.
+// Runs one read of Create() with setpoint::Retry, logging each retry: a 503
+// while observing should not abort the whole execution.
 template <typename T, typename Fn>
 absl::StatusOr<T> Observe(const Context& ctx,
                           const setpoint::RetryPolicy& policy, uint64_t seed,
                           spdlog::logger* logger, const std::string& plan,
                           Fn&& call) {
-  const int max_attempts = std::max(1, policy.max_attempts);
-  std::optional<setpoint::Backoff> backoff;
-  for (int attempt = 1;; ++attempt) {
-    absl::StatusOr<T> result = call();
-    if (result.ok() || !Retryable(policy, result.status()) || ctx.Done()) {
-      return result;
-    }
-    if (attempt >= max_attempts) {
-      return setpoint::Annotate(
-          result.status(), fmt::format("gave up after {} attempts", attempt));
-    }
-    if (!backoff) backoff.emplace(policy.backoff, seed);
-    absl::Duration delay = backoff->Next();
-    SPDLOG_LOGGER_WARN(logger,
-                       "retrying read plan={} attempt={}/{} after={} err={}",
-                       plan, attempt, max_attempts, delay, result.status());
-    if (!ctx.Wait(delay).ok()) return result.status();
+  int attempts = 0;
+  absl::StatusOr<T> result = setpoint::Retry(
+      ctx, policy, [&]() -> absl::StatusOr<T> { return call(); },
+      [&](int attempt, const absl::Status& error, absl::Duration delay) {
+        SPDLOG_LOGGER_WARN(
+            logger, "retrying read plan={} attempt={}/{} after={} err={}", plan,
+            attempt, policy.max_attempts, delay, error);
+        return true;
+      },
+      seed, &attempts);
+  if (!result.ok() && attempts > 1 && attempts >= policy.max_attempts) {
+    return setpoint::Annotate(
+        result.status(), fmt::format("gave up after {} attempts", attempts));
   }
+  return result;
 }
 
 }  // namespace

@@ -9,12 +9,11 @@
 #include <thread>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "setpoint/base/backoff.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
+#include "setpoint/base/retry.h"
 #include "setpoint/base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -89,15 +88,6 @@ std::string NameList(const Procedures& list) {
     absl::StrAppend(&out, " (+", list.size() - kMaxNamesInMessage, " more)");
   }
   return out;
-}
-
-bool IsRetryable(const RetryPolicy& policy, const absl::Status& status) {
-  if (!policy.retryable) return !IsTerminalError(status);
-  try {
-    return policy.retryable(status);
-  } catch (...) {
-    return false;
-  }
 }
 
 SchedulerOptions Clamp(SchedulerOptions o) {
@@ -212,50 +202,31 @@ class Execution {
                                     ? *procedure.retry_policy()
                                     : options_.default_retry;
     StepResult result;
-    std::optional<Backoff> backoff;
-    while (true) {
-      ++result.attempts;
-      bool threw = false;
-      absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_, &threw);
-      if (out.ok()) {
-        result.status = ValidateProcedures(*out);
-        result.children = std::move(out).value();
-        return result;
-      }
+    bool threw = false;
+    absl::StatusOr<Procedures> out = Retry(
+        ctx_, policy, [&] { return SafeDo(procedure, ctx_, &threw); },
+        [&](int attempt, const absl::Status& error, absl::Duration delay) {
+          // An exception is a bug in the step, not a transient fault.
+          if (threw) return false;
+          if (logger_ != nullptr && logger_->should_log(spdlog::level::warn)) {
+            SPDLOG_LOGGER_WARN(logger_,
+                               "retrying step plan={} execution={} step=\"{}\" "
+                               "attempt={}/{} after={} err={}",
+                               report_.plan, report_.execution_id,
+                               procedure.Name(), attempt, policy.max_attempts,
+                               delay, error);
+          }
+          ++retries_;
+          return true;
+        },
+        options_.seed == 0 ? 0 : options_.seed + step_seq, &result.attempts);
+    if (out.ok()) {
+      result.status = ValidateProcedures(*out);
+      result.children = std::move(out).value();
+    } else {
       result.status = std::move(out).status();
-      if (threw || result.attempts >= policy.max_attempts || ctx_.Done() ||
-          !IsRetryable(policy, result.status)) {
-        return result;
-      }
-      if (!backoff) {
-        // Seeded only on this (rare) path: a random seed costs a syscall.
-        uint64_t seed = options_.seed;
-        if (seed == 0) {
-          absl::BitGen gen;
-          seed = absl::Uniform<uint64_t>(gen);
-        }
-        backoff.emplace(policy.backoff, seed + step_seq);
-      }
-      absl::Duration delay = backoff->Next();
-      if (logger_ != nullptr && logger_->should_log(spdlog::level::warn)) {
-        SPDLOG_LOGGER_WARN(logger_,
-                           "retrying step plan={} execution={} step=\"{}\" "
-                           "attempt={}/{} after={} err={}",
-                           report_.plan, report_.execution_id, procedure.Name(),
-                           result.attempts, policy.max_attempts, delay,
-                           result.status);
-      }
-      ++retries_;
-      if (absl::Status waited = ctx_.Wait(delay); !waited.ok()) {
-        // Cut short by the context: the run was cancelled, not the step's
-        // fault; say both.
-        result.status =
-            Annotate(waited, absl::StrCat("waiting to retry after attempt ",
-                                          result.attempts, " failed with \"",
-                                          result.status.ToString(), "\""));
-        return result;
-      }
     }
+    return result;
   }
 
   // Records a finished step and queues its children. Returns false when the

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "setpoint/base/backoff.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/retry.h"
 
 namespace setpoint {
 
@@ -39,22 +39,6 @@ class Procedure;
 // What Plan::Create and Procedure::Do return: the steps to run next, in order.
 // Null entries are refused with kInvalidArgument.
 using Procedures = std::vector<std::unique_ptr<Procedure>>;
-
-// How often to try one procedure before its failure counts.
-struct RetryPolicy {
-  // Attempts in total, the first included; 1 means no retry.
-  // Default: 1.
-  int max_attempts = 1;
-  // Delays between attempts (waited on the context, so cancellable).
-  // Default: 100 ms doubling to 10 s, 20% jitter.
-  BackoffOptions backoff = {.initial = absl::Milliseconds(100),
-                            .max = absl::Seconds(10)};
-  // Which errors are worth another attempt. Default (empty): every error but
-  // the terminal ones (IsTerminalError). Whatever this says, a step is not
-  // retried once its context is done, nor after it threw an exception (a
-  // bug, not a transient fault).
-  std::function<bool(const absl::Status&)> retryable = nullptr;
-};
 
 class Procedure {
  public:
@@ -76,7 +60,9 @@ class Procedure {
   // failures carrying the exception's text. Must honour `ctx` when it blocks.
   virtual absl::StatusOr<Procedures> Do(const Context& ctx) = 0;
 
-  // The retry policy for this step; null means the Scheduler's default.
+  // The retry policy for this step; null means the Scheduler's default. A
+  // step that threw is never retried (an exception is a bug, not a transient
+  // fault), nor one whose context is done.
   const RetryPolicy* retry_policy() const { return retry_.get(); }
   // Sets this step's retry policy. Returns *this for chaining.
   Procedure& set_retry_policy(RetryPolicy policy) {
