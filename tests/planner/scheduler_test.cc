@@ -413,8 +413,51 @@ TEST(Scheduler, EmptyNameIsRefused) {
             }));
       });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument,
-                                 HasSubstr("empty name at index 0")));
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("refused a procedure with an empty name "
+                                 "returned by create")));
+  EXPECT_EQ(r.steps_failed, 1);
+}
+
+TEST(Scheduler, UnnamedChildIsRefusedBeforeItRuns) {
+  bool ran = false;
+  auto plan = PlanFunc(
+      "unnamed",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(MakeProcedure(
+            "parent", [&](const Context&) -> absl::StatusOr<Procedures> {
+              return ProcedureList(MakeProcedure(
+                  "", [&](const Context&) -> absl::StatusOr<Procedures> {
+                    ran = true;
+                    return Procedures{};
+                  }));
+            }));
+      });
+  ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
+  EXPECT_FALSE(ran);
+  EXPECT_THAT(r.status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty name returned by step id=0")));
+  // Past max_recorded_steps the same check runs on the fast path.
+  ran = false;
+  auto plan2 = PlanFunc(
+      "unnamed2",
+      [&, first = true](const Context&) mutable -> absl::StatusOr<Procedures> {
+        if (!first) return Procedures{};
+        first = false;
+        return ProcedureList(MakeProcedure(
+            "", [&](const Context&) -> absl::StatusOr<Procedures> {
+              ran = true;
+              return Procedures{};
+            }));
+      });
+  ExecutionReport r2 =
+      Scheduler(Quiet({.max_recorded_steps = 0})).Execute(Context(), plan2);
+  EXPECT_FALSE(ran);
+  EXPECT_THAT(r2.status, StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(Scheduler, RetriesWithBackoffOnTheClockThenSucceeds) {
@@ -793,6 +836,16 @@ TEST(Scheduler, PreviewReportsBadPlans) {
   EXPECT_THAT(s.Preview(Context(), nulls),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("preview plan=n create")));
+  auto unnamed =
+      PlanFunc("u", [](const Context&) -> absl::StatusOr<Procedures> {
+        return ProcedureList(
+            MakeProcedure("", [](const Context&) -> absl::StatusOr<Procedures> {
+              return Procedures{};
+            }));
+      });
+  EXPECT_THAT(s.Preview(Context(), unnamed),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("empty name at index 0")));
   std::stop_source stop;
   stop.request_stop();
   EXPECT_THAT(s.Preview(Context(stop.get_token()), nulls),

@@ -15,10 +15,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <type_traits>
 
+#include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -68,6 +68,34 @@ uint64_t RandomRetrySeed();
 //
 // Returns the last result of `fn`, except when `ctx` ends during a wait: then
 // ctx.Err() (kCancelled/kDeadlineExceeded) annotated with the last error.
+namespace internal {
+// The slow path of Retry(), entered only after a failed first attempt, so the
+// common case (success at once) costs one call and one test.
+template <typename Result, typename Fn, typename BeforeRetry>
+Result RetryAfterFailure(const Context& ctx, const RetryPolicy& policy, Fn& fn,
+                         BeforeRetry& before_retry, uint64_t seed,
+                         int* attempts, Result result) {
+  // Seeded here, on the rare path: a random seed costs a syscall.
+  Backoff backoff(policy.backoff, seed != 0 ? seed : RandomRetrySeed());
+  for (int attempt = 1;; ++attempt) {
+    if (attempts != nullptr) *attempts = attempt;
+    const absl::Status& status = StatusOf(result);
+    if (status.ok() || attempt >= policy.max_attempts || ctx.Done() ||
+        !IsRetryable(policy, status)) {
+      return result;
+    }
+    absl::Duration delay = backoff.Next();
+    if (!before_retry(attempt, status, delay)) return result;
+    if (absl::Status waited = ctx.Wait(delay); !waited.ok()) {
+      return Annotate(waited,
+                      absl::StrCat("waiting to retry after attempt ", attempt,
+                                   " failed with \"", status.ToString(), "\""));
+    }
+    result = fn();
+  }
+}
+}  // namespace internal
+
 template <typename Fn, typename BeforeRetry>
 std::invoke_result_t<Fn&> Retry(const Context& ctx, const RetryPolicy& policy,
                                 Fn&& fn, BeforeRetry&& before_retry,
@@ -78,28 +106,14 @@ std::invoke_result_t<Fn&> Retry(const Context& ctx, const RetryPolicy& policy,
                 "before_retry must be callable as "
                 "bool(int attempt, const absl::Status& error, "
                 "absl::Duration delay)");
-  std::optional<Backoff> backoff;
-  for (int attempt = 1;; ++attempt) {
-    if (attempts != nullptr) *attempts = attempt;
-    Result result = fn();
-    const absl::Status& status = internal::StatusOf(result);
-    if (status.ok() || attempt >= policy.max_attempts || ctx.Done() ||
-        !IsRetryable(policy, status)) {
-      return result;
-    }
-    if (!backoff) {
-      // Seeded only on this (rare) path: a random seed costs a syscall.
-      backoff.emplace(policy.backoff,
-                      seed != 0 ? seed : internal::RandomRetrySeed());
-    }
-    absl::Duration delay = backoff->Next();
-    if (!before_retry(attempt, status, delay)) return result;
-    if (absl::Status waited = ctx.Wait(delay); !waited.ok()) {
-      return Annotate(waited,
-                      absl::StrCat("waiting to retry after attempt ", attempt,
-                                   " failed with \"", status.ToString(), "\""));
-    }
+  if (attempts != nullptr) *attempts = 1;
+  Result result = fn();
+  if (ABSL_PREDICT_TRUE(internal::StatusOf(result).ok()) ||
+      policy.max_attempts <= 1) {
+    return result;
   }
+  return internal::RetryAfterFailure<Result>(ctx, policy, fn, before_retry,
+                                             seed, attempts, std::move(result));
 }
 
 // Retry() without a hook.
