@@ -285,6 +285,31 @@ TEST(Scheduler, FirstFailureAbortsAndPendingStepsAreReportedNotRun) {
   EXPECT_EQ(r.steps[2].outcome, StepOutcome::kNotRun);
 }
 
+// A plan that returns the same failing step every time: the execution ends
+// at the first failure (or, with continue_on_failure, after the first round)
+// instead of calling the failing API again and again.
+TEST(Scheduler, SameFailingStepForeverEndsAtOnce) {
+  for (bool keep_going : {false, true}) {
+    int creates = 0, calls = 0;
+    auto plan =
+        PlanFunc("doomed", [&](const Context&) -> absl::StatusOr<Procedures> {
+          ++creates;
+          return ProcedureList(
+              MakeProcedure("call broken api",
+                            [&](const Context&) -> absl::StatusOr<Procedures> {
+                              ++calls;
+                              return absl::InternalError("500");
+                            }));
+        });
+    ExecutionReport r = Scheduler(Quiet({.continue_on_failure = keep_going}))
+                            .Execute(Context(), plan);
+    EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal,
+                                   HasSubstr("step=\"call broken api\"")));
+    EXPECT_EQ(creates, 1);
+    EXPECT_EQ(calls, 1);
+  }
+}
+
 TEST(Scheduler, ContinueOnFailureRunsTheRestOfTheRoundThenReports) {
   Trace trace;
   auto plan = PlanFunc(
