@@ -1,8 +1,8 @@
 // Check macros for broken invariants (bugs, never bad input).
 //
-// A failed check logs at critical level through spdlog's default logger (with
-// file, line and the condition) and aborts. Bad input must be refused with an
-// absl::Status instead.
+// A failed check writes file, line and the condition to stderr, logs the same
+// at critical level through spdlog's default logger, and aborts. Bad input must
+// be refused with an absl::Status instead.
 //
 //   SETPOINT_CHECK(stack.empty());
 //   SETPOINT_CHECK_MSG(n >= 0, "negative count n={}", n);
