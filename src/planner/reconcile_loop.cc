@@ -19,6 +19,9 @@ ReconcileLoopOptions Clamp(ReconcileLoopOptions o) {
   if (o.jitter > 1.0) o.jitter = 1.0;
   if (o.clock == nullptr) o.clock = Clock::Real();
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
+  // The application may have dropped the default logger: log nowhere then.
+  if (o.logger == nullptr)
+    o.logger = std::make_shared<spdlog::logger>("setpoint");
   if (o.scheduler.logger == nullptr) o.scheduler.logger = o.logger;
   if (o.seed == 0) {
     absl::BitGen gen;

@@ -103,6 +103,9 @@ SchedulerOptions Clamp(SchedulerOptions o) {
   o.parallelism = std::max(o.parallelism, 1);
   o.default_retry.max_attempts = std::max(o.default_retry.max_attempts, 1);
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
+  // The application may have dropped the default logger: log nowhere then.
+  if (o.logger == nullptr)
+    o.logger = std::make_shared<spdlog::logger>("setpoint");
   return o;
 }
 

@@ -14,6 +14,7 @@
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 #include "spdlog/logger.h"
+#include "spdlog/spdlog.h"
 
 namespace setpoint {
 namespace {
@@ -875,6 +876,15 @@ TEST(Scheduler, PreviewReportsBadPlans) {
   stop.request_stop();
   EXPECT_THAT(s.Preview(Context(stop.get_token()), nulls),
               StatusIs(absl::StatusCode::kCancelled));
+}
+
+TEST(Scheduler, WorksWhenTheApplicationDroppedTheDefaultLogger) {
+  std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
+  spdlog::drop_all();  // Also drops the default logger.
+  NeverConverges plan;
+  ExecutionReport r = Scheduler({.max_rounds = 2}).Execute(Context(), plan);
+  spdlog::set_default_logger(saved);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST(SchedulerOptions, ValidateNamesTheField) {
