@@ -38,23 +38,18 @@
 #include "setpoint/planner/plan.h"
 #include "setpoint/planner/procedure.h"
 #include "setpoint/planner/scheduler.h"
+#include "setpoint/testing/null_logger.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {
 namespace {
 
-// A logger at spdlog's default level (info) with no sinks: the Scheduler's
-// info line per execution is still built and formatted, but goes nowhere.
-std::shared_ptr<spdlog::logger> SilentLogger() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(
-      std::make_shared<spdlog::logger>("bench"));
-  return *logger;
-}
-
-// The default options but for the logger.
+// The default options but for the logger: at level info with no sinks, so the
+// Scheduler's info line per execution is still built and formatted, but goes
+// nowhere.
 Scheduler MakeScheduler() {
   SchedulerOptions options;
-  options.logger = SilentLogger();
+  options.logger = ::setpoint::testing::NullLogger();
   return Scheduler(std::move(options));
 }
 

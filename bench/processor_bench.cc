@@ -12,24 +12,19 @@
 
 #include "benchmark/benchmark.h"
 #include "setpoint/processor/runner.h"
+#include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {
 namespace {
 
-std::shared_ptr<spdlog::logger> SilentLogger() {
-  static auto* const logger = new std::shared_ptr<spdlog::logger>(
-      std::make_shared<spdlog::logger>("bench"));
-  return *logger;
-}
-
 // N producer threads each post kPerProducer events that bump a counter on
 // the runner; an iteration ends when the runner has run them all.
 void BM_RunnerPost(benchmark::State& state) {
   const int producers = static_cast<int>(state.range(0));
   constexpr int64_t kPerProducer = 1'000'000;
-  Runner runner({.name = "bench", .logger = SilentLogger()});
+  Runner runner({.name = "bench", .logger = ::setpoint::testing::NullLogger()});
   if (!runner.Start().ok()) {
     state.SkipWithError("runner did not start");
     return;
@@ -73,7 +68,9 @@ void BM_RunnerTimers(benchmark::State& state) {
   int64_t fired = 0;
   for (auto _ : state) {
     testing::SimulatedClock clock;
-    Runner runner({.name = "bench", .clock = &clock, .logger = SilentLogger()});
+    Runner runner({.name = "bench",
+                   .clock = &clock,
+                   .logger = ::setpoint::testing::NullLogger()});
     int64_t count = 0;
     for (int64_t i = 0; i < kTimers; ++i) {
       (void)runner.PostAfter(absl::Microseconds((i * 7919) % 1'000'000),

@@ -25,9 +25,9 @@
 #include "setpoint/base/context.h"
 #include "setpoint/planner/reconcile_loop.h"
 #include "setpoint/planner/scheduler.h"
+#include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
-#include "spdlog/sinks/null_sink.h"
 #include "spdlog/spdlog.h"
 
 namespace cucumber {
@@ -42,13 +42,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
-
-std::shared_ptr<spdlog::logger> QuietLogger() {
-  static auto* logger =
-      new std::shared_ptr<spdlog::logger>(std::make_shared<spdlog::logger>(
-          "cucumber-test", std::make_shared<spdlog::sinks::null_sink_mt>()));
-  return *logger;
-}
 
 const ClusterRequest kDemo{
     .name = "demo", .nodes_num = 3, .dns_name = "demo.example.com"};
@@ -210,7 +203,7 @@ TEST_F(CloudTest, DnsWritesBecomeVisibleAfterPropagation) {
   SimulatedCloud cloud({.clock = &clock_,
                         .latency = absl::Milliseconds(10),
                         .dns_propagation = absl::Seconds(1),
-                        .logger = QuietLogger()});
+                        .logger = ::setpoint::testing::NullLogger()});
   SETPOINT_ASSERT_OK_AND_ASSIGN(
       DnsChange change,
       cloud.UpsertRecord(ctx_, "a.example.com", {"10.0.0.1"}));
@@ -244,7 +237,7 @@ TEST_F(CloudTest, InjectsSeededErrorsAndCountsCalls) {
     SimulatedCloud cloud({.clock = &clock_,
                           .error_rate = 0.5,
                           .seed = seed,
-                          .logger = QuietLogger()});
+                          .logger = ::setpoint::testing::NullLogger()});
     std::vector<bool> failed;
     for (int i = 0; i < 40; ++i) {
       absl::StatusOr<std::vector<Instance>> r =
@@ -268,7 +261,8 @@ TEST_F(CloudTest, InjectsSeededErrorsAndCountsCalls) {
 }
 
 TEST_F(CloudTest, FaultHooksActAtOnce) {
-  SimulatedCloud cloud({.clock = &clock_, .logger = QuietLogger()});
+  SimulatedCloud cloud(
+      {.clock = &clock_, .logger = ::setpoint::testing::NullLogger()});
   Instance a = cloud.InjectInstance({{kClusterTag, "demo"}});
   EXPECT_EQ(a.id, "i-0001");
   EXPECT_EQ(a.private_ip, "10.0.0.10");
@@ -366,7 +360,7 @@ class PlanTest : public ::testing::Test {
                      .dns_propagation = absl::Milliseconds(300),
                      .error_rate = error_rate,
                      .seed = seed,
-                     .logger = QuietLogger()});
+                     .logger = ::setpoint::testing::NullLogger()});
   }
 
   // Retries generous enough that 30% errors never exhaust them. The jitter
@@ -377,13 +371,14 @@ class PlanTest : public ::testing::Test {
     o.step_retry.max_attempts = max_attempts;
     o.observe_retry = o.step_retry;
     o.seed = 1;
-    o.logger = QuietLogger();
+    o.logger = ::setpoint::testing::NullLogger();
     return o;
   }
 
   static setpoint::Scheduler MakeScheduler() {
-    return setpoint::Scheduler(
-        {.max_rounds = 20, .seed = 1, .logger = QuietLogger()});
+    return setpoint::Scheduler({.max_rounds = 20,
+                                .seed = 1,
+                                .logger = ::setpoint::testing::NullLogger()});
   }
 
   std::vector<Instance> Running(const std::string& cluster = "demo") {
@@ -614,7 +609,7 @@ TEST_F(PlanTest, DoesNotRewriteARecordThatIsStillPropagating) {
   cloud_ = std::make_unique<SimulatedCloud>(
       CloudOptions{.clock = &clock_,
                    .dns_propagation = absl::Minutes(1),
-                   .logger = QuietLogger()});
+                   .logger = ::setpoint::testing::NullLogger()});
   HookedCloud hooked(cloud_.get());
   std::stop_source stop;
   hooked.before_get_change = [&] { stop.request_stop(); };
@@ -643,7 +638,7 @@ TEST_F(PlanTest, AChangeThatNeverSyncsFailsTheWaitClearly) {
   cloud_ = std::make_unique<SimulatedCloud>(
       CloudOptions{.clock = &clock_,
                    .dns_propagation = absl::Hours(1),
-                   .logger = QuietLogger()});
+                   .logger = ::setpoint::testing::NullLogger()});
   CucumberPlanOptions options = PlanOptions();
   options.dns_change_timeout = absl::Minutes(2);
   CucumberPlan plan(cloud_.get(), kDemo, options);
@@ -676,8 +671,9 @@ TEST_F(PlanTest, CancellationStopsTheExecution) {
 TEST_F(PlanTest, CancellationInterruptsABlockedCall) {
   // No auto-advance: the execution blocks in its first call's latency.
   SimulatedClock clock;
-  SimulatedCloud cloud(
-      {.clock = &clock, .latency = absl::Seconds(5), .logger = QuietLogger()});
+  SimulatedCloud cloud({.clock = &clock,
+                        .latency = absl::Seconds(5),
+                        .logger = ::setpoint::testing::NullLogger()});
   CucumberPlan plan(&cloud, kDemo, PlanOptions());
   std::stop_source stop;
   ExecutionReport report;
@@ -731,25 +727,26 @@ TEST_F(PlanTest, AReconcileLoopRepairsDrift) {
   std::stop_source stop;
   int reports = 0;
   setpoint::ReconcileLoop loop(
-      plan,
-      {.interval = absl::Seconds(30),
-       .on_report =
-           [&](const ExecutionReport& report) {
-             SETPOINT_EXPECT_OK(report.status) << report.Summary();
-             ExpectConverged(kDemo);
-             if (++reports == 1) {
-               // Drift between two executions.
-               SETPOINT_EXPECT_OK(
-                   cloud_->InjectLoseInstance(Running().front().id));
-               cloud_->InjectSetRecord(kDemo.dns_name, {"10.9.9.9"});
-             } else {
-               stop.request_stop();
-             }
-           },
-       .scheduler = {.max_rounds = 20, .seed = 1, .logger = QuietLogger()},
-       .clock = &clock_,
-       .logger = QuietLogger(),
-       .seed = 1});
+      plan, {.interval = absl::Seconds(30),
+             .on_report =
+                 [&](const ExecutionReport& report) {
+                   SETPOINT_EXPECT_OK(report.status) << report.Summary();
+                   ExpectConverged(kDemo);
+                   if (++reports == 1) {
+                     // Drift between two executions.
+                     SETPOINT_EXPECT_OK(
+                         cloud_->InjectLoseInstance(Running().front().id));
+                     cloud_->InjectSetRecord(kDemo.dns_name, {"10.9.9.9"});
+                   } else {
+                     stop.request_stop();
+                   }
+                 },
+             .scheduler = {.max_rounds = 20,
+                           .seed = 1,
+                           .logger = ::setpoint::testing::NullLogger()},
+             .clock = &clock_,
+             .logger = ::setpoint::testing::NullLogger(),
+             .seed = 1});
   EXPECT_THAT(loop.Run(Context(stop.get_token(), &clock_)),
               StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(reports, 2);

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "setpoint/base/status.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 
@@ -17,10 +18,6 @@ using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::IsOk;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
-
-std::shared_ptr<spdlog::logger> QuietLogger() {
-  return std::make_shared<spdlog::logger>("test");
-}
 
 // A plan whose Create counts calls and can be told to fail.
 class CountingPlan : public Plan {
@@ -43,7 +40,7 @@ ReconcileLoopOptions Options(SimulatedClock* clock) {
                               .multiplier = 2,
                               .jitter = 0},
           .clock = clock,
-          .logger = QuietLogger()};
+          .logger = ::setpoint::testing::NullLogger()};
 }
 
 // Waits until the loop's thread is parked on the clock after `executions`

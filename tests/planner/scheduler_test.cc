@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/base/status.h"
+#include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 #include "spdlog/logger.h"
@@ -25,15 +26,8 @@ using ::setpoint::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// A logger with no sinks: tests exercise the logging code without output.
-std::shared_ptr<spdlog::logger> QuietLogger() {
-  auto logger = std::make_shared<spdlog::logger>("test");
-  logger->set_level(spdlog::level::trace);
-  return logger;
-}
-
 SchedulerOptions Quiet(SchedulerOptions o = {}) {
-  o.logger = QuietLogger();
+  o.logger = ::setpoint::testing::NullLogger(spdlog::level::trace);
   return o;
 }
 
@@ -906,7 +900,10 @@ TEST(SchedulerOptions, ValidateNamesTheField) {
   // Invalid options are clamped, never crash.
   NeverConverges plan;
   ExecutionReport r =
-      Scheduler({.max_rounds = -3, .parallelism = -1, .logger = QuietLogger()})
+      Scheduler(
+          {.max_rounds = -3,
+           .parallelism = -1,
+           .logger = ::setpoint::testing::NullLogger(spdlog::level::trace)})
           .Execute(Context(), plan);
   EXPECT_EQ(r.rounds, 1);
 }

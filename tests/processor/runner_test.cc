@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 
@@ -20,12 +21,10 @@ using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::ElementsAre;
 
-std::shared_ptr<spdlog::logger> QuietLogger() {
-  return std::make_shared<spdlog::logger>("test");
-}
-
 RunnerOptions Options(Clock* clock) {
-  return {.name = "test", .clock = clock, .logger = QuietLogger()};
+  return {.name = "test",
+          .clock = clock,
+          .logger = ::setpoint::testing::NullLogger()};
 }
 
 TEST(Runner, ManualModeRunsEventsInOrderIncludingWhatTheyPost) {
@@ -113,7 +112,8 @@ TEST(Runner, ThrowingEventIsCountedAndTheRunnerGoesOn) {
 }
 
 TEST(Runner, ThreadedRunnerRunsPostsFromManyThreadsInPerThreadOrder) {
-  Runner runner({.name = "threads", .logger = QuietLogger()});
+  Runner runner(
+      {.name = "threads", .logger = ::setpoint::testing::NullLogger()});
   ASSERT_THAT(runner.Start(), IsOk());
   constexpr int kThreads = 4, kEach = 5000;
   std::vector<std::vector<int>> seen(kThreads);  // Runner-only state.
