@@ -161,8 +161,16 @@ TEST(Runner, StopRunsWhatWasPostedBeforeAndRefusesNewPosts) {
   SimulatedClock clock;
   Runner runner(Options(&clock));
   std::atomic<int> ran{0};
+  std::atomic<bool> started{false}, release{false};
   absl::Status late;
   ASSERT_THAT(runner.PostAfter(absl::Hours(1), [&] { ++ran; }), IsOk());
+  // The first event holds the runner until Stop() has begun, so the rest of
+  // the queue runs during the drain, deterministically.
+  ASSERT_THAT(runner.Post([&] {
+    started = true;
+    while (!release.load()) std::this_thread::yield();
+  }),
+              IsOk());
   for (int i = 0; i < 100; ++i) {
     ASSERT_THAT(runner.Post([&] {
       ++ran;
@@ -171,7 +179,18 @@ TEST(Runner, StopRunsWhatWasPostedBeforeAndRefusesNewPosts) {
                 IsOk());
   }
   ASSERT_THAT(runner.Start(), IsOk());
-  runner.Stop();
+  ASSERT_TRUE(AwaitCondition([&] { return started.load(); }));
+  std::jthread stopper([&] { runner.Stop(); });
+  // Once Stop() has begun, posts are refused. Probes accepted before that
+  // were posted before Stop() and run too.
+  int probes = 0;
+  ASSERT_TRUE(AwaitCondition([&] {
+    if (!runner.Post([] {}, "probe").ok()) return true;
+    ++probes;
+    return false;
+  }));
+  release = true;
+  stopper.join();
   EXPECT_EQ(ran.load(), 100);
   EXPECT_THAT(late, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(runner.Post([] {}),
@@ -180,7 +199,7 @@ TEST(Runner, StopRunsWhatWasPostedBeforeAndRefusesNewPosts) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(runner.Start(), StatusIs(absl::StatusCode::kFailedPrecondition));
   RunnerStats stats = runner.stats();
-  EXPECT_EQ(stats.events_run, 100);
+  EXPECT_EQ(stats.events_run, 101 + probes);
   EXPECT_EQ(stats.timers_dropped, 1);  // Reported, not silently lost.
 }
 
