@@ -52,6 +52,19 @@ Backoff::Backoff(BackoffOptions options) : Backoff(options, RandomSeed()) {}
 Backoff::Backoff(BackoffOptions options, uint64_t seed)
     : options_(Clamp(options)), rng_(seed) {}
 
+absl::Duration BackoffDelay(const BackoffOptions& options, int attempt,
+                            double jitter_fraction) {
+  BackoffOptions o = Clamp(options);
+  double base = absl::ToDoubleSeconds(o.initial) *
+                std::pow(o.multiplier, std::max(attempt, 0));
+  double cap = absl::ToDoubleSeconds(o.max);
+  if (!(base < cap)) base = cap;
+  if (jitter_fraction > 0.0 && jitter_fraction < 1.0) {
+    base *= 1.0 - o.jitter * jitter_fraction;
+  }
+  return std::max(absl::Seconds(base), absl::Nanoseconds(1));
+}
+
 absl::Duration Backoff::Next() {
   // Grow in floating point, capped, so large attempt counts cannot overflow.
   double base = absl::ToDoubleSeconds(options_.initial) *

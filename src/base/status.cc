@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace setpoint {
@@ -31,6 +33,27 @@ bool IsTerminalError(const absl::Status& status) {
     default:
       return false;
   }
+}
+
+namespace {
+constexpr absl::string_view kRetryAfterUrl = "type.setpoint.dev/retry-after";
+}  // namespace
+
+absl::Status WithRetryAfter(absl::Status status, absl::Duration delay) {
+  if (status.ok() || delay < absl::ZeroDuration()) return status;
+  status.SetPayload(kRetryAfterUrl,
+                    absl::Cord(absl::StrCat(absl::ToInt64Nanoseconds(delay))));
+  return status;
+}
+
+std::optional<absl::Duration> RetryAfterHint(const absl::Status& status) {
+  auto payload = status.GetPayload(kRetryAfterUrl);
+  if (!payload.has_value()) return std::nullopt;
+  int64_t nanos = 0;
+  if (!absl::SimpleAtoi(std::string(*payload), &nanos) || nanos < 0) {
+    return std::nullopt;
+  }
+  return absl::Nanoseconds(nanos);
 }
 
 }  // namespace setpoint

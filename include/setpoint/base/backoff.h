@@ -39,6 +39,13 @@ struct BackoffOptions {
 // initial <= 0, max < initial, multiplier < 1, jitter outside [0, 1].
 absl::Status ValidateBackoffOptions(const BackoffOptions& options);
 
+// The delay before retry number `attempt` (from 0) without a Backoff object:
+// min(max, initial * multiplier^attempt) shortened by `jitter_fraction` (in
+// [0, 1), scaled by options.jitter). For callers that track many keys and
+// cannot afford a random engine per key.
+absl::Duration BackoffDelay(const BackoffOptions& options, int attempt,
+                            double jitter_fraction);
+
 class Backoff {
  public:
   // `options` must be valid (see ValidateBackoffOptions); invalid values are

@@ -14,11 +14,13 @@
 #ifndef SETPOINT_BASE_STATUS_H_
 #define SETPOINT_BASE_STATUS_H_
 
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace setpoint {
 
@@ -30,6 +32,15 @@ absl::Status Annotate(const absl::Status& status, std::string_view message);
 // kPermissionDenied, kFailedPrecondition, kUnimplemented, kUnauthenticated and
 // kOutOfRange. Used as the default "do not retry" rule across setpoint.
 bool IsTerminalError(const absl::Status& status);
+
+// Returns `status` carrying a retry-after hint: the caller asks to be retried
+// no sooner than `delay` from now (an HTTP 429/503 "Retry-After", a Redis
+// "-BUSY"). The Syncer honours it instead of its own backoff. An OK status or
+// a negative delay returns `status` unchanged.
+absl::Status WithRetryAfter(absl::Status status, absl::Duration delay);
+// Returns the hint set by WithRetryAfter, or nullopt when there is none (or
+// the payload was written by someone else and does not parse).
+std::optional<absl::Duration> RetryAfterHint(const absl::Status& status);
 
 namespace internal {
 inline absl::Status AsStatus(absl::Status s) { return s; }

@@ -1,0 +1,1204 @@
+// Syncer: drives the world towards the desired state, key by key. It holds
+// desired and observed state on the runner, works out create / update /
+// delete per key, and hands each operation to its updater threads, which
+// call the user's Client; results come back to the runner as events.
+//
+//   class VmClient : public SyncerClient<std::string, Spec, Vm> { ... };
+//   VmClient client;
+//   Syncer<std::string, Spec, Vm> syncer(&runner, &client, {
+//       .name = "vms",
+//       .needs_update = [](const Spec& d, const Vm& o) { return d.size !=
+//       o.size; },
+//   });
+//   syncer.ObserveFrom(&vm_store);       // observed state, and its sync
+//   syncer.Start();                      // updater threads "sp-updater"
+//   runner.Post([&] { syncer.SetDesired("web-1", Spec{.size = 2}); });
+//
+// Guarantees (docs/syncer.md has the details and the defaults):
+// - Bursts coalesce: the intent for a key is worked out from the latest
+//   desired and observed values when an updater is free for it, so 1,000
+//   updates while an operation runs lead to at most one more operation.
+// - At most one operation per key in flight, at most max_in_flight overall,
+//   optionally rate limited (token bucket) and delayed (execution_delay).
+// - A failed operation is retried for that key with capped exponential
+//   backoff and jitter (100 ms -> 5 min), reset on success; only failures
+//   grow it. A retry-after hint (WithRetryAfter) replaces the backoff delay.
+//   Terminal codes are not retried until the desired or observed value of
+//   the key changes; they are reported in StatusSnapshot() and counted.
+// - Read-your-own-writes: after a successful operation the key waits until
+//   the observed state shows a change (or expectation_timeout passes)
+//   before another operation is worked out for it.
+// - Nothing acts on a partial view: while the syncer is out of sync (an
+//   observed store, or the desired producer, is), no operation starts; on
+//   sync every key is diffed again.
+// - Reset(filter) forgets keys outside a new shard range without deleting
+//   them; results of their in-flight operations are discarded and logged.
+// - A client that throws is caught: the operation failed with kInternal and
+//   is retried.
+//
+// Wiring for a shard-range change: syncer.Reset(filter) first, then each
+// source's SetFilter(filter), in the same runner event.
+//
+// Thread safety: everything runs on the runner thread except Start(),
+// Stop() and counters(), which belong to the owner thread (counters() is
+// safe from any thread). The Client is called on the updater threads.
+// Destroy a syncer after its runner stopped (or on the runner thread):
+// events it posted refer to it.
+#ifndef SETPOINT_PROCESSOR_SYNCER_H_
+#define SETPOINT_PROCESSOR_SYNCER_H_
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <random>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/base/clock.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/format.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/base/status.h"
+#include "setpoint/processor/runner.h"
+#include "setpoint/processor/store.h"
+#include "setpoint/processor/synchronizable.h"
+#include "setpoint/processor/transformer.h"
+#include "spdlog/logger.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+
+enum class SyncOp : uint8_t { kNone, kCreate, kUpdate, kDelete };
+const char* SyncOpName(SyncOp op);
+
+// What the Syncer calls to change the world. Called on updater threads, up
+// to max_in_flight calls at once, never two for the same key at once.
+// Return OK on success; an error code the Syncer classifies (terminal or
+// retried); WithRetryAfter(status, d) to ask for a later retry. `ctx` is
+// cancelled when the Syncer stops.
+template <class K, class D, class O>
+class SyncerClient {
+ public:
+  virtual ~SyncerClient() = default;
+  virtual absl::Status Create(const Context& ctx, const K& key,
+                              const D& desired) = 0;
+  virtual absl::Status Update(const Context& ctx, const K& key,
+                              const D& desired, const O& observed) = 0;
+  virtual absl::Status Delete(const Context& ctx, const K& key,
+                              const O& observed) = 0;
+};
+
+template <class D, class O>
+struct SyncerOptions {
+  // Names the syncer in logs and in the sync graph.
+  // Default: "syncer".
+  std::string name = "syncer";
+  // True when `observed` must be updated to match `desired` (the analog of
+  // an update mask). Required unless D and O compare with ==.
+  // Default: !(desired == observed) when that compiles.
+  std::function<bool(const D& desired, const O& observed)> needs_update =
+      nullptr;
+  // Same-value test for desired values: an equal SetDesired is a no-op.
+  // Default: operator== when it compiles, else every set is a change.
+  std::function<bool(const D&, const D&)> desired_equal = nullptr;
+  // Operations handed to the updaters and not finished, at most (>= 1).
+  // Default: 8.
+  int max_in_flight = 8;
+  // Updater threads. 0: one per max_in_flight slot, at most 64.
+  // Default: 0.
+  int updater_threads = 0;
+  // Operations started per second, at most; 0 disables the limit.
+  // Default: 0.
+  double rate_limit = 0;
+  // Token bucket size for rate_limit (>= 1).
+  // Default: 1.
+  int rate_burst = 1;
+  // An intent waits this long after it first appears before it starts, so
+  // a burst becomes one operation. Zero: start as soon as possible.
+  // Default: 0.
+  absl::Duration execution_delay = absl::ZeroDuration();
+  // Per-key retry delays after a failure.
+  // Default: 100 ms doubling to 5 minutes, jitter 0.2.
+  BackoffOptions backoff = {};
+  // Codes that are not retried.
+  // Default: kInvalidArgument, kPermissionDenied, kFailedPrecondition.
+  std::vector<absl::StatusCode> terminal_codes = {
+      absl::StatusCode::kInvalidArgument, absl::StatusCode::kPermissionDenied,
+      absl::StatusCode::kFailedPrecondition};
+  // After a successful operation, how long to wait for the observed state to
+  // show it before working the key out again anyway.
+  // Default: 30 s.
+  absl::Duration expectation_timeout = absl::Seconds(30);
+  // Each client call gets a context with this deadline. Zero: none.
+  // Default: 0.
+  absl::Duration operation_timeout = absl::ZeroDuration();
+  // Per-operation switches. A disabled operation is not started; the key
+  // stays pending (visible in StatusSnapshot()).
+  // Default: all enabled.
+  bool enable_create = true;
+  bool enable_update = true;
+  bool enable_delete = true;
+  // Seeds the backoff jitter; 0 picks a random seed.
+  // Default: 0.
+  uint64_t seed = 0;
+  // Default: Clock::Real(). Use the runner's clock.
+  Clock* clock = nullptr;
+  // Default: spdlog's default logger at construction.
+  std::shared_ptr<spdlog::logger> logger = nullptr;
+};
+
+// Counters, readable from any thread.
+struct SyncerCounters {
+  int64_t creates = 0;  // Succeeded operations, by kind.
+  int64_t updates = 0;
+  int64_t deletes = 0;
+  int64_t failures = 0;              // Failed operations that will be retried.
+  int64_t terminal_failures = 0;     // Failed with a terminal code.
+  int64_t client_threw = 0;          // Of the failures, how many threw.
+  int64_t results_discarded = 0;     // Results for keys forgotten by Reset.
+  int64_t ignored_out_of_range = 0;  // Desired/observed keys outside filter.
+  int64_t not_started_at_stop = 0;   // Handed to updaters, never started.
+};
+
+// One key that is failing, for StatusSnapshot().
+template <class K>
+struct SyncerKeyFailure {
+  K key;
+  absl::Status last_error;
+  int failures = 0;  // In a row.
+  bool terminal = false;
+  absl::Time next_attempt = absl::InfiniteFuture();  // None for terminal.
+};
+
+// The state of every key at one moment, for operators and tests.
+template <class K>
+struct SyncerStatus {
+  bool in_sync = false;   // False: paused, nothing starts.
+  int64_t keys = 0;       // Tracked keys (desired or observed).
+  int64_t converged = 0;  // Nothing to do.
+  int64_t pending = 0;    // Something to do, not started (includes waiting
+                          // for backoff, rate limit or a disabled switch).
+  int64_t in_flight = 0;
+  int64_t awaiting_observation = 0;  // Done, waiting to see it observed.
+  int64_t failing = 0;               // Last operation failed (retrying).
+  int64_t terminal = 0;              // Failed terminally; not retried.
+  std::vector<SyncerKeyFailure<K>> failures;  // At most max_failures.
+};
+
+template <class K, class D, class O>
+class Syncer : public Synchronizable, public DesiredSink<K, D> {
+ public:
+  using Client = SyncerClient<K, D, O>;
+  using Options = SyncerOptions<D, O>;
+
+  Syncer(Runner* runner, Client* client, Options options = {});
+  // Calls Stop().
+  ~Syncer() override;
+
+  // Starts the updater threads. kInvalidArgument naming the field for bad
+  // options; kFailedPrecondition if started twice.
+  absl::Status Start();
+  // Owner thread. Stops the updaters: operations in progress finish (their
+  // client context is cancelled) and their results go to the runner;
+  // operations handed over but not started are counted and reported back
+  // as not done. Intents still pending are logged with their count.
+  // Idempotent.
+  void Stop();
+
+  // Observed state and its sync come from `store` (runner thread, before
+  // the runner starts or on it).
+  void ObserveFrom(Store<K, O>* store);
+
+  // DesiredSink (runner thread).
+  void ReplaceDesired(absl::flat_hash_map<K, D> desired) override;
+  void SetDesired(K key, D desired) override;
+  void DeleteDesired(const K& key) override;
+  // The producer's sync gates the desired view from now on.
+  void DependOnDesired(Synchronizable* producer) override {
+    DependOn(producer);
+    SetSelfSynced(true);
+  }
+  // Declares the desired view complete when no Transformer feeds the
+  // syncer (user code calling SetDesired directly). ReplaceDesired implies
+  // it.
+  void MarkDesiredComplete() { SetSelfSynced(true); }
+
+  // Observed state, when not fed by ObserveFrom (runner thread).
+  void SetObserved(K key, O observed);
+  void DeleteObserved(const K& key);
+
+  // Re-scopes the syncer to `filter` (a new shard range): keys outside it
+  // are forgotten, never deleted. Runner thread.
+  void Reset(KeyFilter<K> filter);
+
+  // Per-operation switches (runner thread).
+  void EnableCreate(bool on) { SetSwitch(&options_.enable_create, on); }
+  void EnableUpdate(bool on) { SetSwitch(&options_.enable_update, on); }
+  void EnableDelete(bool on) { SetSwitch(&options_.enable_delete, on); }
+
+  // Runner thread: the state of every key; lists up to `max_failures`
+  // failing keys.
+  SyncerStatus<K> StatusSnapshot(size_t max_failures = 100) const;
+  // Runner thread: the desired / observed value of `key`, or nullptr.
+  const D* desired(const K& key) const;
+  const O* observed(const K& key) const;
+  // Any thread.
+  SyncerCounters counters() const;
+
+ protected:
+  void OnSynced() override;
+  void OnLostSync() override;
+
+ private:
+  struct Entry {
+    std::optional<D> desired;
+    std::optional<O> observed;
+    uint64_t desired_version = 0;
+    uint64_t observed_seq = 0;
+    // Set by Reset; results dispatched in an older epoch are discarded.
+    uint32_t epoch = 0;
+    uint32_t failures = 0;
+    absl::Status last_error;
+    absl::Time not_before = absl::InfinitePast();       // Backoff.
+    absl::Time pending_since = absl::InfiniteFuture();  // execution_delay.
+    absl::Time expect_until = absl::InfinitePast();
+    absl::Time wake_at = absl::InfiniteFuture();  // In the wake heap.
+    uint64_t expect_observed_seq = 0;
+    uint64_t terminal_version = 0;
+    uint64_t terminal_observed_seq = 0;
+    SyncOp expect_op = SyncOp::kNone;
+    SyncOp in_flight = SyncOp::kNone;
+    bool terminal = false;
+    bool dirty = false;
+    bool queued = false;
+  };
+  using Map = absl::node_hash_map<K, Entry>;
+  using Slot = typename Map::value_type;
+
+  struct Work {
+    K key;
+    SyncOp op;
+    std::optional<D> desired;
+    std::optional<O> observed;
+    uint64_t desired_version;
+    uint64_t observed_seq;
+    uint32_t epoch;
+  };
+  struct Result {
+    K key;
+    SyncOp op;
+    absl::Status status;
+    bool threw;
+    bool started;
+    uint64_t desired_version;
+    uint64_t observed_seq;
+    uint32_t epoch;
+  };
+  struct Wake {
+    absl::Time when;
+    K key;
+    bool operator>(const Wake& o) const { return when > o.when; }
+  };
+
+  bool Selected(const K& key) const { return !filter_ || filter_(key); }
+  bool DesiredEqual(const D& a, const D& b) const;
+  bool NeedsUpdate(const D& d, const O& o) const;
+  bool IsTerminal(const absl::Status& s) const;
+  bool Enabled(SyncOp op) const;
+  void SetSwitch(bool* field, bool on);
+
+  void MarkDirty(Slot& slot);
+  void SchedulePump();
+  void Pump();
+  // Works the key out again: nothing, wait (backoff, delay, expectation),
+  // or ready to start.
+  void Evaluate(Slot& slot, absl::Time now);
+  SyncOp Compute(const Entry& e) const;
+  bool ExpectationPending(Entry& e, absl::Time now) const;
+  void WakeAt(Slot& slot, absl::Time when);
+  void ArmTimer(absl::Time when);
+  void OnTimer();
+  void Dispatch(absl::Time now);
+  bool TakeToken(absl::Time now);
+  void MaybeErase(typename Map::iterator it);
+
+  void UpdaterLoop(std::stop_token stop);
+  Result Execute(const Context& ctx, Work& work);
+  void DrainResults();
+  void ApplyResult(Result& r, absl::Time now);
+
+  Runner* const runner_;
+  Client* const client_;
+  Options options_;
+  Clock* const clock_;
+  std::shared_ptr<spdlog::logger> logger_;
+
+  // Runner-only state.
+  Map entries_;
+  KeyFilter<K> filter_;
+  uint32_t epoch_ = 0;
+  std::vector<Slot*> dirty_;
+  std::deque<Slot*> ready_;
+  std::priority_queue<Wake, std::vector<Wake>, std::greater<>> wakes_;
+  TimerHandle timer_;
+  absl::Time timer_at_ = absl::InfiniteFuture();
+  bool pump_posted_ = false;
+  int in_flight_ = 0;
+  double tokens_ = 0;
+  absl::Time tokens_at_ = absl::InfinitePast();
+  std::mt19937_64 rng_;
+
+  // Shared with the updater threads.
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Work> work_ ABSL_GUARDED_BY(mu_);
+  std::vector<Result> results_ ABSL_GUARDED_BY(mu_);
+  bool drain_posted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::stop_source cancel_;
+  std::vector<std::jthread> threads_;
+
+  struct AtomicCounters {
+    std::atomic<int64_t> creates{0}, updates{0}, deletes{0}, failures{0},
+        terminal_failures{0}, client_threw{0}, results_discarded{0},
+        ignored_out_of_range{0}, not_started_at_stop{0};
+  };
+  AtomicCounters counters_;
+};
+
+// ---------------------------------------------------------------------------
+
+inline const char* SyncOpName(SyncOp op) {
+  switch (op) {
+    case SyncOp::kCreate:
+      return "create";
+    case SyncOp::kUpdate:
+      return "update";
+    case SyncOp::kDelete:
+      return "delete";
+    case SyncOp::kNone:
+      break;
+  }
+  return "none";
+}
+
+namespace internal {
+// Formats a key for logs when it is formattable, else "<key>".
+template <class K>
+std::string KeyForLog(const K& key) {
+  if constexpr (fmt::is_formattable<K>::value) {
+    return fmt::format("{}", key);
+  } else {
+    return "<key>";
+  }
+}
+}  // namespace internal
+
+template <class K, class D, class O>
+Syncer<K, D, O>::Syncer(Runner* runner, Client* client, Options options)
+    : Synchronizable(options.name),
+      runner_(runner),
+      client_(client),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      logger_(options_.logger != nullptr ? options_.logger
+                                         : spdlog::default_logger()),
+      rng_(options_.seed != 0 ? options_.seed : std::random_device{}()) {
+  tokens_ = std::max(1, options_.rate_burst);
+}
+
+template <class K, class D, class O>
+Syncer<K, D, O>::~Syncer() {
+  Stop();
+  timer_.Cancel();
+}
+
+template <class K, class D, class O>
+absl::Status Syncer<K, D, O>::Start() {
+  const Options& o = options_;
+  if (o.needs_update == nullptr) {
+    if constexpr (!std::equality_comparable_with<D, O>) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "start syncer ", name(),
+          ": needs_update is required when desired and observed types "
+          "cannot be compared with =="));
+    }
+  }
+  if (o.max_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start syncer ", name(),
+                     ": max_in_flight must be >= 1, got ", o.max_in_flight));
+  }
+  if (o.updater_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start syncer ", name(), ": updater_threads must be >= 0, got ",
+        o.updater_threads));
+  }
+  if (!(o.rate_limit >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start syncer ", name(), ": rate_limit must be >= 0, got ",
+                     o.rate_limit));
+  }
+  if (o.rate_burst < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start syncer ", name(), ": rate_burst must be >= 1, got ",
+                     o.rate_burst));
+  }
+  if (o.execution_delay < absl::ZeroDuration() ||
+      o.expectation_timeout < absl::ZeroDuration() ||
+      o.operation_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start syncer ", name(),
+        ": execution_delay, expectation_timeout and operation_timeout must "
+        "be >= 0"));
+  }
+  if (absl::Status s = ValidateBackoffOptions(o.backoff); !s.ok()) {
+    return Annotate(s, absl::StrCat("start syncer ", name()));
+  }
+  if (client_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start syncer ", name(), ": client is null"));
+  }
+  {
+    MutexLock l(&mu_);
+    if (started_ || stopping_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "start syncer ", name(), ": already started or stopped"));
+    }
+    started_ = true;
+  }
+  int threads =
+      o.updater_threads > 0 ? o.updater_threads : std::min(o.max_in_flight, 64);
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this](std::stop_token stop) {
+      pthread_setname_np(pthread_self(), "sp-updater");
+      UpdaterLoop(stop);
+    });
+  }
+  SPDLOG_LOGGER_INFO(logger_,
+                     "syncer started syncer={} updaters={} max_in_flight={}",
+                     name(), threads, o.max_in_flight);
+  return absl::OkStatus();
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Stop() {
+  std::deque<Work> not_started;
+  {
+    MutexLock l(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    not_started.swap(work_);
+    cv_.SignalAll();
+  }
+  cancel_.request_stop();
+  for (auto& t : threads_) t.request_stop();
+  {
+    MutexLock l(&mu_);
+    cv_.SignalAll();
+  }
+  threads_.clear();  // Joins.
+  if (!not_started.empty()) {
+    counters_.not_started_at_stop.fetch_add(
+        static_cast<int64_t>(not_started.size()));
+    SPDLOG_LOGGER_WARN(logger_,
+                       "syncer stopped with operations not started "
+                       "syncer={} count={}",
+                       name(), not_started.size());
+  }
+  // Report what is left to the runner, where the state lives.
+  std::vector<Result> undone;
+  for (Work& w : not_started) {
+    undone.push_back(Result{std::move(w.key), w.op,
+                            absl::CancelledError("syncer stopped"), false,
+                            false, w.desired_version, w.observed_seq, w.epoch});
+  }
+  absl::Status posted = runner_->Post(
+      [this, undone = std::move(undone)]() mutable {
+        absl::Time now = clock_->Now();
+        for (Result& r : undone) ApplyResult(r, now);
+        SyncerStatus<K> s = StatusSnapshot(0);
+        SPDLOG_LOGGER_INFO(
+            logger_,
+            "syncer stopped syncer={} keys={} pending={} failing={} "
+            "terminal={}",
+            name(), s.keys, s.pending, s.failing, s.terminal);
+      },
+      "syncer stop");
+  if (!posted.ok()) {
+    SPDLOG_LOGGER_WARN(logger_,
+                       "syncer stopped after its runner; pending intents "
+                       "not counted syncer={}",
+                       name());
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
+  store->Subscribe([this](const Change<K, O>& c) {
+    switch (c.kind) {
+      case ChangeKind::kSet:
+        SetObserved(c.key, *c.new_value);
+        break;
+      case ChangeKind::kDelete:
+        DeleteObserved(c.key);
+        break;
+      case ChangeKind::kForget: {
+        // Not a delete in the world: forget what we saw, act on nothing.
+        auto it = entries_.find(c.key);
+        if (it != entries_.end() && it->second.observed.has_value()) {
+          it->second.observed.reset();
+          ++it->second.observed_seq;
+          if (Selected(c.key)) {
+            MarkDirty(*it);
+          } else {
+            MaybeErase(it);
+          }
+        }
+        break;
+      }
+    }
+  });
+  DependOn(store);
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::DesiredEqual(const D& a, const D& b) const {
+  if (options_.desired_equal) return options_.desired_equal(a, b);
+  if constexpr (std::equality_comparable<D>) {
+    return a == b;
+  } else {
+    return false;
+  }
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::NeedsUpdate(const D& d, const O& o) const {
+  if (options_.needs_update) return options_.needs_update(d, o);
+  if constexpr (std::equality_comparable_with<D, O>) {
+    return !(d == o);
+  } else {
+    return false;  // Start() refused these options.
+  }
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::IsTerminal(const absl::Status& s) const {
+  return std::find(options_.terminal_codes.begin(),
+                   options_.terminal_codes.end(),
+                   s.code()) != options_.terminal_codes.end();
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::Enabled(SyncOp op) const {
+  switch (op) {
+    case SyncOp::kCreate:
+      return options_.enable_create;
+    case SyncOp::kUpdate:
+      return options_.enable_update;
+    case SyncOp::kDelete:
+      return options_.enable_delete;
+    case SyncOp::kNone:
+      break;
+  }
+  return false;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::SetSwitch(bool* field, bool on) {
+  if (*field == on) return;
+  *field = on;
+  if (on) {
+    for (Slot& slot : entries_) MarkDirty(slot);
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::SetDesired(K key, D desired) {
+  if (!Selected(key)) {
+    counters_.ignored_out_of_range.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto [it, inserted] = entries_.try_emplace(std::move(key));
+  Entry& e = it->second;
+  if (e.desired.has_value() && DesiredEqual(*e.desired, desired)) return;
+  e.desired = std::move(desired);
+  ++e.desired_version;
+  MarkDirty(*it);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::DeleteDesired(const K& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.desired.has_value()) return;
+  it->second.desired.reset();
+  ++it->second.desired_version;
+  MarkDirty(*it);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::ReplaceDesired(absl::flat_hash_map<K, D> desired) {
+  for (Slot& slot : entries_) {
+    Entry& e = slot.second;
+    if (e.desired.has_value() && !desired.contains(slot.first)) {
+      e.desired.reset();
+      ++e.desired_version;
+      MarkDirty(slot);
+    }
+  }
+  for (auto& [key, value] : desired) SetDesired(key, std::move(value));
+  SetSelfSynced(true);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::SetObserved(K key, O observed) {
+  if (!Selected(key)) {
+    counters_.ignored_out_of_range.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto [it, inserted] = entries_.try_emplace(std::move(key));
+  it->second.observed = std::move(observed);
+  ++it->second.observed_seq;
+  MarkDirty(*it);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::DeleteObserved(const K& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.observed.has_value()) return;
+  it->second.observed.reset();
+  ++it->second.observed_seq;
+  MarkDirty(*it);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
+  filter_ = std::move(filter);
+  ++epoch_;
+  // The queues hold pointers to entries; rebuild them from scratch.
+  for (Slot* slot : dirty_) slot->second.dirty = false;
+  for (Slot* slot : ready_) slot->second.queued = false;
+  dirty_.clear();
+  ready_.clear();
+  int64_t forgotten = 0, in_flight = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto next = std::next(it);
+    if (!Selected(it->first)) {
+      ++forgotten;
+      Entry& e = it->second;
+      if (e.in_flight != SyncOp::kNone) {
+        // Kept until its result arrives, so a returning key cannot get a
+        // second operation in flight; the result will be discarded.
+        ++in_flight;
+        e.desired.reset();
+        e.observed.reset();
+        e.epoch = epoch_;
+      } else {
+        entries_.erase(it);
+      }
+    }
+    it = next;
+  }
+  for (Slot& slot : entries_) MarkDirty(slot);
+  SPDLOG_LOGGER_INFO(logger_,
+                     "syncer reset to a new filter syncer={} forgotten={} "
+                     "in_flight_forgotten={} kept={}",
+                     name(), forgotten, in_flight,
+                     static_cast<int64_t>(entries_.size()) - in_flight);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::OnSynced() {
+  SPDLOG_LOGGER_INFO(logger_,
+                     "syncer in sync, diffing all keys syncer={} keys={}",
+                     name(), entries_.size());
+  for (Slot& slot : entries_) MarkDirty(slot);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::OnLostSync() {
+  SPDLOG_LOGGER_INFO(logger_, "syncer lost sync, paused syncer={}", name());
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::MarkDirty(Slot& slot) {
+  if (slot.second.dirty) return;
+  slot.second.dirty = true;
+  dirty_.push_back(&slot);
+  SchedulePump();
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::SchedulePump() {
+  if (pump_posted_) return;
+  if (runner_->Post([this] { Pump(); }, "syncer pump").ok()) {
+    pump_posted_ = true;
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Pump() {
+  pump_posted_ = false;
+  absl::Time now = clock_->Now();
+  // Evaluate may erase entries; take the list first.
+  std::vector<Slot*> dirty;
+  dirty.swap(dirty_);
+  for (Slot* slot : dirty) {
+    slot->second.dirty = false;
+    Evaluate(*slot, now);
+  }
+  Dispatch(now);
+}
+
+template <class K, class D, class O>
+SyncOp Syncer<K, D, O>::Compute(const Entry& e) const {
+  if (e.desired.has_value()) {
+    if (!e.observed.has_value()) return SyncOp::kCreate;
+    return NeedsUpdate(*e.desired, *e.observed) ? SyncOp::kUpdate
+                                                : SyncOp::kNone;
+  }
+  return e.observed.has_value() ? SyncOp::kDelete : SyncOp::kNone;
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::ExpectationPending(Entry& e, absl::Time now) const {
+  if (e.expect_op == SyncOp::kNone) return false;
+  bool seen = e.observed_seq != e.expect_observed_seq &&
+              (e.expect_op == SyncOp::kDelete ? !e.observed.has_value()
+                                              : e.observed.has_value());
+  if (seen || now >= e.expect_until) {
+    e.expect_op = SyncOp::kNone;
+    return false;
+  }
+  return true;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
+  Entry& e = slot.second;
+  if (e.in_flight != SyncOp::kNone) return;  // Its result evaluates again.
+  if (ExpectationPending(e, now)) {
+    WakeAt(slot, e.expect_until);
+    return;
+  }
+  SyncOp op = Compute(e);
+  if (op == SyncOp::kNone) {
+    // In sync with the world: whatever failed before is moot.
+    e.failures = 0;
+    e.terminal = false;
+    e.last_error = absl::OkStatus();
+    e.not_before = absl::InfinitePast();
+    e.pending_since = absl::InfiniteFuture();
+    if (!e.desired.has_value() && !e.observed.has_value() && !e.queued &&
+        !e.dirty) {
+      entries_.erase(slot.first);
+    }
+    return;
+  }
+  if (e.terminal) {
+    if (e.terminal_version == e.desired_version &&
+        e.terminal_observed_seq == e.observed_seq) {
+      return;  // Waits for a change of the key.
+    }
+    e.terminal = false;
+    e.failures = 0;
+    e.not_before = absl::InfinitePast();
+  }
+  if (!InSync() || !Enabled(op)) return;  // Diffed again when that changes.
+  if (e.pending_since == absl::InfiniteFuture()) e.pending_since = now;
+  absl::Time start =
+      std::max(e.not_before, e.pending_since + options_.execution_delay);
+  if (start > now) {
+    WakeAt(slot, start);
+    return;
+  }
+  if (!e.queued) {
+    e.queued = true;
+    ready_.push_back(&slot);
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::WakeAt(Slot& slot, absl::Time when) {
+  Entry& e = slot.second;
+  if (e.wake_at <= when) return;  // An earlier wake re-evaluates anyway.
+  e.wake_at = when;
+  wakes_.push(Wake{when, slot.first});
+  ArmTimer(when);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::ArmTimer(absl::Time when) {
+  if (when >= timer_at_) return;
+  timer_.Cancel();
+  auto timer = runner_->PostAt(
+      when, [this] { OnTimer(); }, "syncer timer");
+  if (!timer.ok()) return;  // The runner stopped.
+  timer_ = *timer;
+  timer_at_ = when;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::OnTimer() {
+  timer_at_ = absl::InfiniteFuture();
+  absl::Time now = clock_->Now();
+  while (!wakes_.empty() && wakes_.top().when <= now) {
+    Wake w = wakes_.top();
+    wakes_.pop();
+    auto it = entries_.find(w.key);
+    if (it == entries_.end() || it->second.wake_at != w.when) continue;
+    it->second.wake_at = absl::InfiniteFuture();
+    Evaluate(*it, now);
+  }
+  Dispatch(now);
+  if (!wakes_.empty()) ArmTimer(wakes_.top().when);
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::TakeToken(absl::Time now) {
+  if (options_.rate_limit <= 0) return true;
+  double burst = std::max(1, options_.rate_burst);
+  if (tokens_at_ != absl::InfinitePast()) {
+    tokens_ =
+        std::min(burst, tokens_ + absl::ToDoubleSeconds(now - tokens_at_) *
+                                      options_.rate_limit);
+  }
+  tokens_at_ = now;
+  if (tokens_ >= 1) {
+    tokens_ -= 1;
+    return true;
+  }
+  ArmTimer(now + absl::Seconds((1 - tokens_) / options_.rate_limit));
+  return false;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Dispatch(absl::Time now) {
+  if (!InSync()) return;
+  std::vector<Work> batch;
+  while (!ready_.empty() && in_flight_ < options_.max_in_flight) {
+    Slot* slot = ready_.front();
+    Entry& e = slot->second;
+    SyncOp op = Compute(e);
+    if (op == SyncOp::kNone || !Enabled(op) || e.in_flight != SyncOp::kNone ||
+        std::max(e.not_before, e.pending_since + options_.execution_delay) >
+            now) {
+      // The key changed since it was queued; work it out again.
+      ready_.pop_front();
+      e.queued = false;
+      Evaluate(*slot, now);
+      continue;
+    }
+    if (!TakeToken(now)) break;
+    ready_.pop_front();
+    e.queued = false;
+    e.in_flight = op;
+    e.pending_since = absl::InfiniteFuture();
+    ++in_flight_;
+    batch.push_back(Work{slot->first, op, e.desired, e.observed,
+                         e.desired_version, e.observed_seq, e.epoch});
+  }
+  if (batch.empty()) return;
+  {
+    MutexLock l(&mu_);
+    if (!stopping_) {
+      for (Work& w : batch) work_.push_back(std::move(w));
+      cv_.SignalAll();
+      return;
+    }
+  }
+  // Stopped: nothing will run these; they stay pending.
+  for (Work& w : batch) {
+    Result r{std::move(w.key),
+             w.op,
+             absl::CancelledError("syncer stopped"),
+             false,
+             false,
+             w.desired_version,
+             w.observed_seq,
+             w.epoch};
+    ApplyResult(r, now);
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::MaybeErase(typename Map::iterator it) {
+  const Entry& e = it->second;
+  if (!e.desired.has_value() && !e.observed.has_value() &&
+      e.in_flight == SyncOp::kNone && !e.dirty && !e.queued) {
+    entries_.erase(it);
+  }
+}
+
+template <class K, class D, class O>
+typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(const Context& ctx,
+                                                          Work& w) {
+  Result r{std::move(w.key),  w.op,           absl::OkStatus(), false, true,
+           w.desired_version, w.observed_seq, w.epoch};
+  Context op_ctx = options_.operation_timeout > absl::ZeroDuration()
+                       ? ctx.WithTimeout(options_.operation_timeout)
+                       : ctx;
+  try {
+    switch (w.op) {
+      case SyncOp::kCreate:
+        r.status = client_->Create(op_ctx, r.key, *w.desired);
+        break;
+      case SyncOp::kUpdate:
+        r.status = client_->Update(op_ctx, r.key, *w.desired, *w.observed);
+        break;
+      case SyncOp::kDelete:
+        r.status = client_->Delete(op_ctx, r.key, *w.observed);
+        break;
+      case SyncOp::kNone:
+        break;
+    }
+  } catch (const std::exception& ex) {
+    r.threw = true;
+    r.status = absl::InternalError(
+        absl::StrCat(SyncOpName(w.op), " threw: ", ex.what()));
+  } catch (...) {
+    r.threw = true;
+    r.status = absl::InternalError(
+        absl::StrCat(SyncOpName(w.op), " threw a non-exception"));
+  }
+  return r;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
+  const Context ctx(cancel_.get_token(), clock_);
+  std::optional<Result> done;
+  while (true) {
+    std::optional<Work> work;
+    bool post = false;
+    {
+      MutexLock l(&mu_);
+      if (done.has_value()) {
+        results_.push_back(std::move(*done));
+        done.reset();
+        if (!drain_posted_) {
+          drain_posted_ = true;
+          post = true;
+        }
+      }
+      if (!post) {
+        cv_.Wait(&mu_, stop, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !work_.empty() || stopping_;
+        });
+      }
+      if (!work_.empty() && !stopping_) {
+        work.emplace(std::move(work_.front()));
+        work_.pop_front();
+      } else if (!post) {
+        return;  // Stopping (or stop requested) with nothing to report.
+      }
+    }
+    if (post) {
+      absl::Status posted =
+          runner_->Post([this] { DrainResults(); }, "syncer results");
+      if (!posted.ok()) {
+        SPDLOG_LOGGER_WARN(logger_,
+                           "syncer results not delivered, runner stopped "
+                           "syncer={}: {}",
+                           name(), posted);
+      }
+    }
+    if (work.has_value()) done = Execute(ctx, *work);
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::DrainResults() {
+  std::vector<Result> results;
+  {
+    MutexLock l(&mu_);
+    results.swap(results_);
+    drain_posted_ = false;
+  }
+  absl::Time now = clock_->Now();
+  for (Result& r : results) ApplyResult(r, now);
+  Dispatch(now);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
+  auto it = entries_.find(r.key);
+  if (it == entries_.end() || it->second.in_flight == SyncOp::kNone) {
+    // Cannot happen: entries stay while an operation is in flight.
+    SPDLOG_LOGGER_ERROR(logger_,
+                        "syncer result without an operation syncer={} key={}",
+                        name(), internal::KeyForLog(r.key));
+    return;
+  }
+  Entry& e = it->second;
+  e.in_flight = SyncOp::kNone;
+  --in_flight_;
+  if (r.epoch != e.epoch || !Selected(r.key)) {
+    counters_.results_discarded.fetch_add(1, std::memory_order_relaxed);
+    SPDLOG_LOGGER_INFO(logger_,
+                       "syncer result discarded, key left the range "
+                       "syncer={} key={} op={}: {}",
+                       name(), internal::KeyForLog(r.key), SyncOpName(r.op),
+                       r.status);
+    if (Selected(r.key)) {
+      MarkDirty(*it);
+    } else {
+      MaybeErase(it);
+    }
+    return;
+  }
+  if (!r.started) {
+    // Handed over but never started (Stop): the intent is still pending.
+    e.last_error = r.status;
+    return;
+  }
+  if (r.status.ok()) {
+    switch (r.op) {
+      case SyncOp::kCreate:
+        counters_.creates.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case SyncOp::kUpdate:
+        counters_.updates.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case SyncOp::kDelete:
+        counters_.deletes.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case SyncOp::kNone:
+        break;
+    }
+    e.failures = 0;
+    e.terminal = false;
+    e.last_error = absl::OkStatus();
+    e.not_before = absl::InfinitePast();
+    e.expect_op = r.op;
+    e.expect_observed_seq = r.observed_seq;
+    e.expect_until = now + options_.expectation_timeout;
+    SPDLOG_LOGGER_DEBUG(logger_, "syncer {} done syncer={} key={}",
+                        SyncOpName(r.op), name(), internal::KeyForLog(r.key));
+  } else if (IsTerminal(r.status)) {
+    counters_.terminal_failures.fetch_add(1, std::memory_order_relaxed);
+    e.terminal = true;
+    e.terminal_version = r.desired_version;
+    e.terminal_observed_seq = r.observed_seq;
+    e.last_error = r.status;
+    ++e.failures;
+    SPDLOG_LOGGER_ERROR(logger_,
+                        "syncer {} failed terminally, not retried until the "
+                        "key changes syncer={} key={}: {}",
+                        SyncOpName(r.op), name(), internal::KeyForLog(r.key),
+                        r.status);
+  } else {
+    counters_.failures.fetch_add(1, std::memory_order_relaxed);
+    if (r.threw) counters_.client_threw.fetch_add(1, std::memory_order_relaxed);
+    ++e.failures;
+    std::optional<absl::Duration> hint = RetryAfterHint(r.status);
+    absl::Duration delay =
+        hint.has_value()
+            ? *hint
+            : BackoffDelay(options_.backoff, static_cast<int>(e.failures - 1),
+                           std::uniform_real_distribution<double>(0, 1)(rng_));
+    e.not_before = now + delay;
+    e.last_error = r.status;
+    if ((e.failures & (e.failures - 1)) == 0 || r.threw) {
+      // Logged on failures 1, 2, 4, 8, ...: visible, not a flood.
+      SPDLOG_LOGGER_WARN(logger_,
+                         "syncer {} failed, retrying syncer={} key={} "
+                         "failures={} retry_in={}: {}",
+                         SyncOpName(r.op), name(), internal::KeyForLog(r.key),
+                         e.failures, delay, r.status);
+    }
+  }
+  Evaluate(*it, now);
+}
+
+template <class K, class D, class O>
+SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
+  SyncerStatus<K> s;
+  s.in_sync = InSync();
+  absl::Time now = clock_->Now();
+  for (const Slot& slot : entries_) {
+    const Entry& e = slot.second;
+    if (!e.desired.has_value() && !e.observed.has_value()) {
+      if (e.in_flight != SyncOp::kNone) ++s.in_flight;
+      continue;  // Forgotten, waiting for its result.
+    }
+    ++s.keys;
+    if (e.in_flight != SyncOp::kNone) {
+      ++s.in_flight;
+    } else if (e.expect_op != SyncOp::kNone && now < e.expect_until) {
+      ++s.awaiting_observation;
+    } else if (e.terminal) {
+      ++s.terminal;
+    } else if (Compute(e) == SyncOp::kNone) {
+      ++s.converged;
+    } else if (e.failures > 0) {
+      ++s.failing;
+    } else {
+      ++s.pending;
+    }
+    if (e.failures > 0 && !e.last_error.ok() &&
+        s.failures.size() < max_failures && e.in_flight == SyncOp::kNone) {
+      s.failures.push_back(SyncerKeyFailure<K>{
+          slot.first, e.last_error, static_cast<int>(e.failures), e.terminal,
+          e.terminal ? absl::InfiniteFuture() : e.not_before});
+    }
+  }
+  return s;
+}
+
+template <class K, class D, class O>
+const D* Syncer<K, D, O>::desired(const K& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() || !it->second.desired.has_value()
+             ? nullptr
+             : &*it->second.desired;
+}
+
+template <class K, class D, class O>
+const O* Syncer<K, D, O>::observed(const K& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() || !it->second.observed.has_value()
+             ? nullptr
+             : &*it->second.observed;
+}
+
+template <class K, class D, class O>
+SyncerCounters Syncer<K, D, O>::counters() const {
+  auto get = [](const std::atomic<int64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  return SyncerCounters{
+      .creates = get(counters_.creates),
+      .updates = get(counters_.updates),
+      .deletes = get(counters_.deletes),
+      .failures = get(counters_.failures),
+      .terminal_failures = get(counters_.terminal_failures),
+      .client_threw = get(counters_.client_threw),
+      .results_discarded = get(counters_.results_discarded),
+      .ignored_out_of_range = get(counters_.ignored_out_of_range),
+      .not_started_at_stop = get(counters_.not_started_at_stop),
+  };
+}
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_PROCESSOR_SYNCER_H_
