@@ -1,0 +1,1 @@
+// Tests for setpoint/processor/transformer.h.
