@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -19,8 +20,12 @@ BackoffOptions Clamp(BackoffOptions o) {
 }
 
 uint64_t RandomSeed() {
-  absl::BitGen gen;
-  return absl::Uniform<uint64_t>(gen);
+  // std::random_device, not absl::BitGen: Debian's prebuilt Abseil seeds
+  // BitGen from a shared pool that ThreadSanitizer cannot see into (false
+  // races).
+  std::random_device rd;
+  uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return seed;
 }
 
 }  // namespace

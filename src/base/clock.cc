@@ -8,7 +8,7 @@
 namespace setpoint {
 namespace {
 
-class RealClock final : public Clock {
+class RealClock : public Clock {
  public:
   absl::Time Now() override { return absl::Now(); }
 
@@ -35,7 +35,23 @@ class RealClock final : public Clock {
   }
 };
 
+// Steady time shown as an absl::Time (since an arbitrary origin): never jumps,
+// so leases measured on it are not fooled by NTP steps.
+class MonotonicClock final : public RealClock {
+ public:
+  absl::Time Now() override {
+    return absl::UnixEpoch() +
+           absl::FromChrono(
+               std::chrono::steady_clock::now().time_since_epoch());
+  }
+};
+
 }  // namespace
+
+Clock* Clock::Monotonic() {
+  static MonotonicClock* clock = new MonotonicClock();
+  return clock;
+}
 
 Clock* Clock::Real() {
   static RealClock* clock = new RealClock();

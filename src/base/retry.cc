@@ -1,5 +1,7 @@
 #include "setpoint/base/retry.h"
 
+#include <random>
+
 #include "absl/random/random.h"
 
 namespace setpoint {
@@ -16,8 +18,12 @@ bool IsRetryable(const RetryPolicy& policy, const absl::Status& error) {
 
 namespace internal {
 uint64_t RandomRetrySeed() {
-  absl::BitGen gen;
-  return absl::Uniform<uint64_t>(gen) | 1;
+  // std::random_device, not absl::BitGen: Debian's prebuilt Abseil seeds
+  // BitGen from a shared pool that ThreadSanitizer cannot see into (false
+  // races).
+  std::random_device rd;
+  uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return seed | 1;
 }
 }  // namespace internal
 

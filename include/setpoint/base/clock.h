@@ -28,6 +28,10 @@ class Clock {
   // The process-wide real clock (wall time from absl::Now(), waits on the
   // steady clock). Never destroyed.
   static Clock* Real();
+  // The process's monotonic clock (steady, never steps; its absl::Time has an
+  // arbitrary origin): for leases and timeouts that must not follow wall
+  // clock jumps. Thread-safe; never destroyed.
+  static Clock* Monotonic();
 
   // Returns the current time of this clock.
   virtual absl::Time Now() = 0;

@@ -1,0 +1,59 @@
+// Node: the user's unit of work in a pod. A NodeManager creates nodes, runs
+// each on its own thread and tells each which shards it owns.
+//
+//   class VmNode : public setpoint::Node {
+//    public:
+//     absl::Status Run(const Context& ctx) override {
+//       runner_.Start(); ...; ctx.Wait(absl::InfiniteDuration()); ...
+//       return absl::OkStatus();
+//     }
+//     void UpdateShardRange(const Context& ctx,
+//                           const ShardAssignment& a) override {
+//       // Re-scope the syncer and the sources on the runner, and wait.
+//     }
+//   };
+//
+// Thread safety: Run runs on the node's own thread; UpdateShardRange is
+// called on another thread (the node's relay), possibly while Run runs, but
+// never twice at once. Each node sees its assignments in order, starting
+// from the empty range.
+#ifndef SETPOINT_NODE_NODE_H_
+#define SETPOINT_NODE_NODE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "setpoint/base/context.h"
+#include "setpoint/node/shard.h"
+
+namespace setpoint {
+
+// Who a node is; given to the factory that creates it.
+struct NodeInfo {
+  std::string id;    // "<pod>/<kind>/<index>", unique across pods.
+  std::string kind;  // Nodes of a kind split one ring between them.
+  int index = 0;     // 0 .. count-1 within the pod.
+  uint32_t ring_size = kDefaultRingSize;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+
+  // Does the node's work until `ctx` is cancelled; then returns OK. An error
+  // return (or a throw) is a failure: the manager takes the node's range
+  // away, waits (backoff), and calls Run again on the same object.
+  virtual absl::Status Run(const Context& ctx) = 0;
+
+  // The node's shards are now `assignment.range`, with fencing token
+  // `assignment.token` (pass it to the systems you write to; it only grows
+  // for a shard). Must return only once the node has stopped every piece of
+  // work on shards outside the new range: another node may start on them as
+  // soon as this returns. Keep it short: the lease keeps running.
+  virtual void UpdateShardRange(const Context& ctx,
+                                const ShardAssignment& assignment) = 0;
+};
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_NODE_NODE_H_

@@ -1,0 +1,199 @@
+// NodeManager: runs a pod's nodes and keeps each one on its own share of the
+// ring, with at most one owner per shard across all pods.
+//
+//   InMemoryNodeRegistry registry;
+//   NodeManager manager({
+//       .registry = &registry,
+//       .kinds = {{.kind = "vm", .count = 2,
+//                  .factory = [](const NodeInfo& info) {
+//                    return std::make_unique<VmNode>(info);
+//                  }}},
+//   });
+//   SETPOINT_RETURN_IF_ERROR(manager.Start());
+//   ...                       // SIGTERM
+//   manager.Stop();           // hands every shard over at once, then stops
+//
+// The protocol (docs/registry.md): every poll_interval, or at once when the
+// registry announces a change, the manager renews its nodes' leases and reads
+// who is alive. Each node's target range is its even share of the ring among
+// the sorted live ids. A node first shrinks (UpdateShardRange with the
+// smaller range returns) and only then is the release published; it grows
+// only when the registry grants shards nobody else holds, with a new fencing
+// token, and only then hears about them. A node whose renewals fail stops
+// working (empty range) by `last renewal sent + lease - fence_margin` on the
+// monotonic clock, before the registry can let anyone else in.
+//
+// A node whose Run fails is given the empty range, deregistered (so others
+// take its shards), and restarted after a backoff.
+//
+// Thread safety: Start and Stop belong to the owner thread (Stop may be
+// called from a signal-watching thread); Nodes() and stats() from any
+// thread. Threads: "sp-registry" (the protocol), per node "sp-node" (Run)
+// and "sp-relay" (UpdateShardRange, in order).
+#ifndef SETPOINT_NODE_NODE_MANAGER_H_
+#define SETPOINT_NODE_NODE_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/base/clock.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/node/node.h"
+#include "setpoint/node/shard.h"
+#include "setpoint/registry/node_registry.h"
+#include "spdlog/logger.h"
+
+namespace setpoint {
+
+struct NodeKindOptions {
+  // Names the kind; nodes of a kind split one ring. Non-empty, no '/'.
+  std::string kind = "";
+  // Nodes of this kind in this pod (> 0).
+  // Default: 1.
+  int count = 1;
+  // Shards in the ring (> 0); every pod must use the same number.
+  // Default: 4096.
+  uint32_t ring_size = kDefaultRingSize;
+  // Creates node `info.index` of this kind. Required.
+  std::function<std::unique_ptr<Node>(const NodeInfo& info)> factory = nullptr;
+};
+
+struct NodeManagerOptions {
+  // Names this process in node ids ("<pod>/<kind>/<index>"). No '/'.
+  // Default: "<hostname>-<pid>".
+  std::string pod_id = "";
+  std::vector<NodeKindOptions> kinds = {};
+  // Where nodes register. Required; must outlive the manager.
+  NodeRegistry* registry = nullptr;
+  // Renew and re-read this often (also the safety net under notifications).
+  // Default: 500 ms.
+  absl::Duration poll_interval = absl::Milliseconds(500);
+  // How long a renewal keeps a node alive for the others (> poll_interval).
+  // Default: 3 s.
+  absl::Duration lease = absl::Seconds(3);
+  // A node stops working this long before its lease could expire for the
+  // others: covers clock rate drift and the time UpdateShardRange takes.
+  // Zero picks max(20% of lease, poll_interval); must be < lease.
+  // Default: 0.
+  absl::Duration fence_margin = absl::ZeroDuration();
+  // Waits between restarts of a node whose Run failed.
+  // Default: 100 ms doubling to 5 minutes, jitter 0.2.
+  BackoffOptions restart_backoff = {};
+  // The registry calls and the graceful stop give up after this long.
+  // Default: 2 s.
+  absl::Duration operation_timeout = absl::Seconds(2);
+  // Measures leases and intervals. Must not step (tests use a simulated
+  // clock).
+  // Default: Clock::Monotonic().
+  Clock* clock = nullptr;
+  // Default: spdlog's default logger at construction.
+  std::shared_ptr<spdlog::logger> logger = nullptr;
+};
+
+// Returns kInvalidArgument naming the field for unusable options: no
+// registry, no kinds, an empty or duplicate kind, a '/' in a name, count or
+// ring size <= 0, no factory, lease <= poll_interval, fence_margin >= lease.
+absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& options);
+
+// The default pod id: "<hostname>-<pid>".
+std::string DefaultPodId();
+
+// One node as the manager sees it.
+struct NodeState {
+  std::string id;
+  std::string kind;
+  ShardAssignment active;  // What the node was last told (and returned from).
+  bool registered = false;
+  bool running = false;  // Run is executing (not failed, not stopped).
+  int restarts = 0;
+};
+
+// Counters for operators and tests.
+struct NodeManagerStats {
+  int64_t polls = 0;
+  int64_t poll_failures = 0;
+  int64_t grants = 0;
+  int64_t grant_conflicts = 0;  // Grants refused: shards still held.
+  int64_t releases = 0;
+  int64_t fences = 0;         // Nodes stopped because renewals failed.
+  int64_t epoch_changes = 0;  // Times the registry's state was new.
+  int64_t restarts = 0;
+  int64_t updates_delivered = 0;  // UpdateShardRange calls returned.
+};
+
+class NodeManager {
+ public:
+  explicit NodeManager(NodeManagerOptions options);
+  // Calls Stop().
+  ~NodeManager();
+  NodeManager(const NodeManager&) = delete;
+  NodeManager& operator=(const NodeManager&) = delete;
+
+  // Validates the options, creates the nodes and starts them and the
+  // protocol. kInvalidArgument for bad options (nothing started);
+  // kFailedPrecondition if started twice; kInternal if a factory failed.
+  absl::Status Start();
+  // Gracefully: every node gets the empty range and returns from it, the
+  // nodes are deregistered (others take over at once, without waiting for
+  // the leases), then each Run is cancelled and joined. Idempotent.
+  void Stop();
+
+  const std::string& pod_id() const { return pod_id_; }
+  std::vector<NodeState> Nodes() const;
+  NodeManagerStats stats() const;
+  // True when nothing is in progress: the protocol waits for its next poll
+  // (which is still in the future on the clock), no wake-up is pending and
+  // no node is being told about a new range. Lets tests that drive a
+  // simulated clock know when to move it.
+  bool Idle() const;
+
+ private:
+  struct Slot;
+  struct KindState;
+
+  void Loop(std::stop_token stop);
+  void Tick();
+  void Step(Slot& slot, const KindView& view, ShardRange target);
+  void Deliver(Slot& slot, ShardAssignment assignment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RelayLoop(Slot& slot, std::stop_token stop);
+  void RunLoop(Slot& slot, std::stop_token stop);
+  void GracefulLeave();
+  void Wake();
+
+  NodeManagerOptions options_;
+  const std::string pod_id_;
+  Clock* const clock_;
+  std::shared_ptr<spdlog::logger> logger_;
+  absl::Duration fence_margin_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // Fixed after Start().
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // The loop is blocked until wait_until_ (for Idle()).
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time wait_until_ ABSL_GUARDED_BY(mu_);
+  std::string epoch_ ABSL_GUARDED_BY(mu_);
+  // When the last renewal that succeeded was sent (manager's clock).
+  absl::Time renewed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  NodeManagerStats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t listener_ = 0;  // Our change listener in the registry.
+  std::stop_source nodes_stop_;
+  std::jthread loop_;
+};
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_NODE_NODE_MANAGER_H_

@@ -1,0 +1,88 @@
+// InMemoryNodeRegistry: a NodeRegistry inside one process, with the same
+// semantics as the Redis one (leases on its clock, tokens that only grow,
+// grants only into free space). The embedded default for a single pod, and
+// what unit tests use with a SimulatedClock.
+//
+//   InMemoryNodeRegistry registry;                 // real clock
+//   NodeManager manager({.registry = &registry, ...});
+//
+// ForgetEverything() plays a registry that lost its state (a Redis restart
+// without persistence), for tests of the epoch rule. Tokens keep growing
+// across it, as they do on Redis.
+//
+// Thread safety: thread-safe. Change listeners run on the thread whose
+// operation changed something, after the registry's state lock is released;
+// they must not call back into the registry.
+#ifndef SETPOINT_REGISTRY_IN_MEMORY_NODE_REGISTRY_H_
+#define SETPOINT_REGISTRY_IN_MEMORY_NODE_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "setpoint/base/clock.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/registry/node_registry.h"
+
+namespace setpoint {
+
+struct InMemoryNodeRegistryOptions {
+  // Leases expire on this clock.
+  // Default: Clock::Real().
+  Clock* clock = nullptr;
+};
+
+class InMemoryNodeRegistry : public NodeRegistry {
+ public:
+  explicit InMemoryNodeRegistry(InMemoryNodeRegistryOptions options = {});
+
+  absl::StatusOr<PollResult> Poll(const Context& ctx,
+                                  const PollRequest& request) override;
+  absl::Status Release(const Context& ctx, const std::string& kind,
+                       const std::string& node_id, ShardRange range) override;
+  absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
+                                 const std::string& node_id,
+                                 ShardRange target) override;
+  absl::Status Deregister(const Context& ctx, const std::string& kind,
+                          const std::vector<std::string>& node_ids) override;
+  int64_t AddChangeListener(std::function<void()> listener) override;
+  void RemoveChangeListener(int64_t id) override;
+
+  // Drops every member, range and token counter and starts a new epoch;
+  // grants are refused for `grace` (give the lease length).
+  void ForgetEverything(absl::Duration grace);
+
+  // Operations served so far (for tests that count round trips).
+  int64_t operations() const;
+
+ private:
+  struct Kind {
+    std::map<std::string, absl::Time> expiry;  // Live members' leases.
+    std::map<std::string, ShardAssignment> held;
+    uint64_t last_token = 0;
+  };
+  // Drops members of `kind` whose lease ended by `now`; true if any.
+  static bool Expire(Kind& kind, absl::Time now);
+  void Changed();
+
+  Clock* const clock_;
+  mutable Mutex mu_;
+  std::map<std::string, Kind> kinds_ ABSL_GUARDED_BY(mu_);
+  std::string epoch_ ABSL_GUARDED_BY(mu_);
+  uint64_t epochs_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time grants_from_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t operations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t token_floor_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held while listeners run, so removal waits for a running one.
+  Mutex listeners_mu_;
+  std::map<int64_t, std::function<void()>> listeners_
+      ABSL_GUARDED_BY(listeners_mu_);
+  int64_t next_listener_ ABSL_GUARDED_BY(listeners_mu_) = 1;
+};
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_REGISTRY_IN_MEMORY_NODE_REGISTRY_H_

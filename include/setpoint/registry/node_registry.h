@@ -1,0 +1,113 @@
+// NodeRegistry: the shared record of which nodes are alive and which shard
+// range each one has activated. The NodeManager of every pod drives the
+// handoff protocol over it (docs/registry.md); implementations only keep the
+// record and make each operation atomic:
+//   - InMemoryNodeRegistry: one process, no Redis; the embedded default.
+//   - RedisNodeRegistry: many processes sharing one Redis.
+//
+//   InMemoryNodeRegistry registry;
+//   auto view = registry.Poll(ctx, {.kinds = {{"vm", {"pod-a/vm/0"}}},
+//                                   .lease = absl::Seconds(3)});
+//   auto token = registry.Grant(ctx, "vm", "pod-a/vm/0", {0, 4096});
+//
+// Lease expiry is decided by the registry's own clock (the Redis server's
+// for Redis), never by the caller's, so pods with skewed clocks agree.
+//
+// Thread safety: implementations are thread-safe.
+#ifndef SETPOINT_REGISTRY_NODE_REGISTRY_H_
+#define SETPOINT_REGISTRY_NODE_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "setpoint/base/context.h"
+#include "setpoint/node/shard.h"
+
+namespace setpoint {
+
+// One pod's heartbeat: the nodes it runs, per kind, and their lease.
+struct PollRequest {
+  // Kind -> ids of this pod's live nodes of that kind. Each is registered
+  // if new, and its lease renewed.
+  std::map<std::string, std::vector<std::string>> kinds = {};
+  // How long the leases last from the registry's "now".
+  absl::Duration lease = absl::Seconds(3);
+};
+
+// What every live node of one kind has, as the registry saw it.
+struct KindView {
+  // Live node ids, sorted as byte strings.
+  std::vector<std::string> members;
+  // Node id -> the range it activated and the token it got. Only live
+  // members appear; a member that holds nothing is absent.
+  std::map<std::string, ShardAssignment> held;
+};
+
+struct PollResult {
+  std::map<std::string, KindView> kinds;
+  // Identifies the registry's state: a different (or new) epoch means it
+  // forgot everything (a Redis restart without persistence); every node
+  // must stop at once and start over.
+  std::string epoch;
+  // Grants are refused until this time has passed on the registry's clock
+  // (one lease after the epoch began), so anyone who believed in an older
+  // state has stopped. Informational.
+  absl::Time grants_from = absl::InfinitePast();
+};
+
+class NodeRegistry {
+ public:
+  virtual ~NodeRegistry() = default;
+
+  // Renews (or registers) the leases of the request's nodes, drops members
+  // of those kinds whose lease expired together with their held ranges, and
+  // returns the live view of each kind. One round trip.
+  // Errors: kUnavailable / kDeadlineExceeded when the registry cannot be
+  // reached (retry at the next poll; self-fence if it lasts), kInvalidArgument
+  // for a bad request.
+  virtual absl::StatusOr<PollResult> Poll(const Context& ctx,
+                                          const PollRequest& request) = 0;
+
+  // Records that `node_id` now works only on `range`, which must lie within
+  // what it holds (an empty range releases everything). Call only after the
+  // node has stopped working outside `range`.
+  // Errors: kFailedPrecondition if `range` is not within the held range
+  // (nothing changes); unreachable as for Poll.
+  virtual absl::Status Release(const Context& ctx, const std::string& kind,
+                               const std::string& node_id,
+                               ShardRange range) = 0;
+
+  // Grants `target` to `node_id` if it is a live member and no other live
+  // member holds any shard of it; returns the new fencing token (larger than
+  // every token granted before in this kind).
+  // Errors: kAborted when some shard is still held by another node, or
+  // grants are refused for now (epoch grace): try again later;
+  // kFailedPrecondition when `node_id` is not a live member (its lease
+  // expired: self-fence and poll again); unreachable as for Poll.
+  virtual absl::StatusOr<uint64_t> Grant(const Context& ctx,
+                                         const std::string& kind,
+                                         const std::string& node_id,
+                                         ShardRange target) = 0;
+
+  // Removes the nodes and what they hold (graceful leave).
+  virtual absl::Status Deregister(const Context& ctx, const std::string& kind,
+                                  const std::vector<std::string>& node_ids) = 0;
+
+  // `listener` runs (on a registry thread, or on the caller of a changing
+  // operation) after any change by anyone, so pollers can look at once
+  // instead of at the next interval. Polling stays the safety net: a missed
+  // notification only delays. Returns an id for RemoveChangeListener.
+  virtual int64_t AddChangeListener(std::function<void()> listener) = 0;
+  // After this returns, the listener is not running and will not run.
+  virtual void RemoveChangeListener(int64_t id) = 0;
+};
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_REGISTRY_NODE_REGISTRY_H_

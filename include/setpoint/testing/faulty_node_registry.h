@@ -1,0 +1,90 @@
+// FaultyNodeRegistry: wraps a NodeRegistry and injects faults, for tests of
+// code that must survive a registry that is down or flaky (self-fencing,
+// recovery). Everything not failed is passed through.
+//
+//   InMemoryNodeRegistry real({.clock = &clock});
+//   testing::FaultyNodeRegistry faulty(&real);
+//   faulty.SetDown(true);   // every call fails with kUnavailable
+//   ...                     // the pod using `faulty` must self-fence
+//   faulty.SetDown(false);
+//
+// Thread safety: thread-safe.
+#ifndef SETPOINT_TESTING_FAULTY_NODE_REGISTRY_H_
+#define SETPOINT_TESTING_FAULTY_NODE_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "setpoint/registry/node_registry.h"
+
+namespace setpoint::testing {
+
+class FaultyNodeRegistry : public NodeRegistry {
+ public:
+  explicit FaultyNodeRegistry(NodeRegistry* base) : base_(base) {}
+
+  // While down, every call fails with kUnavailable and nothing reaches the
+  // wrapped registry (as if the network were cut).
+  void SetDown(bool down) { down_.store(down); }
+  // The next `n` calls fail with kUnavailable.
+  void FailNext(int n) { fail_next_.store(n); }
+  // Calls refused so far.
+  int64_t refused() const { return refused_.load(); }
+
+  absl::StatusOr<PollResult> Poll(const Context& ctx,
+                                  const PollRequest& request) override {
+    if (absl::Status s = Fault("poll"); !s.ok()) return s;
+    return base_->Poll(ctx, request);
+  }
+  absl::Status Release(const Context& ctx, const std::string& kind,
+                       const std::string& node_id, ShardRange range) override {
+    if (absl::Status s = Fault("release"); !s.ok()) return s;
+    return base_->Release(ctx, kind, node_id, range);
+  }
+  absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
+                                 const std::string& node_id,
+                                 ShardRange target) override {
+    if (absl::Status s = Fault("grant"); !s.ok()) return s;
+    return base_->Grant(ctx, kind, node_id, target);
+  }
+  absl::Status Deregister(const Context& ctx, const std::string& kind,
+                          const std::vector<std::string>& node_ids) override {
+    if (absl::Status s = Fault("deregister"); !s.ok()) return s;
+    return base_->Deregister(ctx, kind, node_ids);
+  }
+  // Notifications still arrive while down: they only make pollers look.
+  int64_t AddChangeListener(std::function<void()> listener) override {
+    return base_->AddChangeListener(std::move(listener));
+  }
+  void RemoveChangeListener(int64_t id) override {
+    base_->RemoveChangeListener(id);
+  }
+
+ private:
+  absl::Status Fault(const char* op) {
+    bool fail = down_.load();
+    if (!fail) {
+      int n = fail_next_.load();
+      while (n > 0 && !fail_next_.compare_exchange_weak(n, n - 1)) {
+      }
+      fail = n > 0;
+    }
+    if (!fail) return absl::OkStatus();
+    ++refused_;
+    return absl::UnavailableError(std::string(op) +
+                                  ": injected fault (registry unreachable)");
+  }
+
+  NodeRegistry* const base_;
+  std::atomic<bool> down_{false};
+  std::atomic<int> fail_next_{0};
+  std::atomic<int64_t> refused_{0};
+};
+
+}  // namespace setpoint::testing
+
+#endif  // SETPOINT_TESTING_FAULTY_NODE_REGISTRY_H_

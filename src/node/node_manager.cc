@@ -1,0 +1,601 @@
+#include "setpoint/node/node_manager.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/format.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+
+// One node and what the manager knows about it. The fields below `node` are
+// guarded by NodeManager::mu_ (a nested struct cannot name it for the
+// analysis).
+struct NodeManager::Slot {
+  NodeInfo info;
+  std::unique_ptr<Node> node;
+  // Last assignment UpdateShardRange returned from.
+  ShardAssignment active;
+  // Assignments waiting for the relay; the front one may be running.
+  std::deque<ShardAssignment> queue;
+  // Included in polls (false while a failed node waits to restart).
+  bool registered = true;
+  // Run failed: being fenced and deregistered before the restart.
+  bool failed = false;
+  // Fenced and deregistered; the run thread may restart Run.
+  bool restart_ok = false;
+  // The empty range was delivered because renewals failed.
+  bool lease_fenced = false;
+  bool running = false;
+  int restarts = 0;
+  std::jthread relay;
+  std::jthread run;
+};
+
+namespace {
+
+absl::Status Invalid(std::string_view field, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "node manager options: ", absl::string_view(field.data(), field.size()),
+      " ", absl::string_view(what.data(), what.size())));
+}
+
+}  // namespace
+
+std::string DefaultPodId() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "pod");
+  }
+  std::string id = absl::StrCat(host, "-", getpid());
+  std::replace(id.begin(), id.end(), '/', '_');
+  return id;
+}
+
+absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
+  if (o.registry == nullptr) return Invalid("registry", "is required");
+  if (o.pod_id.find('/') != std::string::npos) {
+    return Invalid(
+        "pod_id", absl::StrCat("must not contain '/', got \"", o.pod_id, "\""));
+  }
+  if (o.kinds.empty()) return Invalid("kinds", "must name at least one kind");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < o.kinds.size(); ++i) {
+    const NodeKindOptions& k = o.kinds[i];
+    std::string field = absl::StrCat("kinds[", i, "]");
+    if (k.kind.empty()) return Invalid(field + ".kind", "must not be empty");
+    if (k.kind.find('/') != std::string::npos) {
+      return Invalid(
+          field + ".kind",
+          absl::StrCat("must not contain '/', got \"", k.kind, "\""));
+    }
+    if (!seen.insert(k.kind).second) {
+      return Invalid(field + ".kind",
+                     absl::StrCat("\"", k.kind,
+                                  "\" appears twice: node ids would repeat"));
+    }
+    if (k.count <= 0) {
+      return Invalid(field + ".count",
+                     absl::StrCat("must be > 0, got ", k.count));
+    }
+    if (k.ring_size == 0) return Invalid(field + ".ring_size", "must be > 0");
+    if (k.factory == nullptr) return Invalid(field + ".factory", "is required");
+  }
+  if (o.poll_interval <= absl::ZeroDuration()) {
+    return Invalid("poll_interval", "must be > 0");
+  }
+  if (o.lease <= o.poll_interval) {
+    return Invalid("lease",
+                   absl::StrCat("(", absl::FormatDuration(o.lease),
+                                ") must be > poll_interval (",
+                                absl::FormatDuration(o.poll_interval), ")"));
+  }
+  if (o.fence_margin < absl::ZeroDuration() || o.fence_margin >= o.lease) {
+    return Invalid("fence_margin", "must be >= 0 and < lease");
+  }
+  if (o.operation_timeout <= absl::ZeroDuration()) {
+    return Invalid("operation_timeout", "must be > 0");
+  }
+  if (absl::Status s = ValidateBackoffOptions(o.restart_backoff); !s.ok()) {
+    return Invalid("restart_backoff", std::string(s.message()));
+  }
+  return absl::OkStatus();
+}
+
+NodeManager::NodeManager(NodeManagerOptions options)
+    : options_(std::move(options)),
+      pod_id_(options_.pod_id.empty() ? DefaultPodId() : options_.pod_id),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Monotonic()),
+      logger_(options_.logger != nullptr ? options_.logger
+                                         : spdlog::default_logger()) {
+  fence_margin_ = options_.fence_margin > absl::ZeroDuration()
+                      ? options_.fence_margin
+                      : std::max(options_.lease / 5, options_.poll_interval);
+}
+
+NodeManager::~NodeManager() { Stop(); }
+
+absl::Status NodeManager::Start() {
+  if (absl::Status s = ValidateNodeManagerOptions(options_); !s.ok()) return s;
+  if (fence_margin_ >= options_.lease) {
+    return Invalid("fence_margin",
+                   "(poll_interval, the default margin) must be < lease");
+  }
+  {
+    MutexLock l(&mu_);
+    if (started_ || stopped_) {
+      return absl::FailedPreconditionError(
+          "start node manager: already started or stopped");
+    }
+    started_ = true;
+  }
+  // Create every node before starting any, so a failing factory starts
+  // nothing.
+  std::vector<std::unique_ptr<Slot>> slots;
+  for (const NodeKindOptions& kind : options_.kinds) {
+    for (int i = 0; i < kind.count; ++i) {
+      auto slot = std::make_unique<Slot>();
+      slot->info = NodeInfo{absl::StrCat(pod_id_, "/", kind.kind, "/", i),
+                            kind.kind, i, kind.ring_size};
+      try {
+        slot->node = kind.factory(slot->info);
+      } catch (const std::exception& e) {
+        return absl::InternalError(
+            absl::StrCat("start node manager: factory for ", slot->info.id,
+                         " threw: ", e.what()));
+      }
+      if (slot->node == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("start node manager: factory for ", slot->info.id,
+                         " returned null"));
+      }
+      slots.push_back(std::move(slot));
+    }
+  }
+  slots_ = std::move(slots);
+  listener_ = options_.registry->AddChangeListener([this] { Wake(); });
+  for (auto& slot : slots_) {
+    Slot* s = slot.get();
+    s->relay = std::jthread([this, s](std::stop_token stop) {
+      pthread_setname_np(pthread_self(), "sp-relay");
+      RelayLoop(*s, stop);
+    });
+    s->run = std::jthread([this, s](std::stop_token stop) {
+      pthread_setname_np(pthread_self(), "sp-node");
+      RunLoop(*s, stop);
+    });
+  }
+  loop_ = std::jthread([this](std::stop_token stop) {
+    pthread_setname_np(pthread_self(), "sp-registry");
+    Loop(stop);
+  });
+  SPDLOG_LOGGER_INFO(logger_, "node manager started pod={} nodes={}", pod_id_,
+                     slots_.size());
+  return absl::OkStatus();
+}
+
+void NodeManager::Stop() {
+  {
+    MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    if (!started_) return;
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  // The loop hands the shards over and deregisters before it returns.
+  if (loop_.joinable()) loop_.join();
+  options_.registry->RemoveChangeListener(listener_);
+  nodes_stop_.request_stop();
+  for (auto& slot : slots_) {
+    slot->run.request_stop();
+    slot->relay.request_stop();
+  }
+  {
+    MutexLock l(&mu_);
+    cv_.SignalAll();
+  }
+  for (auto& slot : slots_) {
+    if (slot->run.joinable()) slot->run.join();
+    if (slot->relay.joinable()) slot->relay.join();
+  }
+  SPDLOG_LOGGER_INFO(logger_, "node manager stopped pod={}", pod_id_);
+}
+
+void NodeManager::Wake() {
+  MutexLock l(&mu_);
+  wake_ = true;
+  cv_.SignalAll();
+}
+
+std::vector<NodeState> NodeManager::Nodes() const {
+  MutexLock l(&mu_);
+  std::vector<NodeState> out;
+  for (const auto& slot : slots_) {
+    out.push_back(NodeState{slot->info.id, slot->info.kind, slot->active,
+                            slot->registered, slot->running, slot->restarts});
+  }
+  return out;
+}
+
+bool NodeManager::Idle() const {
+  MutexLock l(&mu_);
+  if (!waiting_ || wake_ || clock_->Now() >= wait_until_) return false;
+  for (const auto& slot : slots_) {
+    if (!slot->queue.empty()) return false;
+  }
+  return true;
+}
+
+NodeManagerStats NodeManager::stats() const {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+void NodeManager::Loop(std::stop_token stop) {
+  while (true) {
+    {
+      MutexLock l(&mu_);
+      if (stopping_) break;
+    }
+    Tick();
+    MutexLock l(&mu_);
+    absl::Time next = clock_->Now() + options_.poll_interval;
+    // Wake in time to fence if renewals keep failing.
+    bool working = false;
+    for (const auto& slot : slots_) {
+      working = working || !slot->active.range.Empty() || !slot->queue.empty();
+    }
+    if (working && renewed_at_ != absl::InfinitePast()) {
+      next = std::min(next, renewed_at_ + options_.lease - fence_margin_);
+    }
+    waiting_ = true;
+    wait_until_ = next;
+    clock_->AwaitWithDeadline(&mu_, &cv_, next, stop,
+                              [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                return wake_ || stopping_;
+                              });
+    waiting_ = false;
+    wake_ = false;
+  }
+  GracefulLeave();
+}
+
+void NodeManager::Tick() {
+  PollRequest request{.lease = options_.lease};
+  {
+    MutexLock l(&mu_);
+    for (const auto& slot : slots_) {
+      if (slot->registered) {
+        request.kinds[slot->info.kind].push_back(slot->info.id);
+      }
+    }
+  }
+  absl::Time sent = clock_->Now();
+  absl::StatusOr<PollResult> result;
+  if (!request.kinds.empty()) {
+    Context ctx =
+        Context::Background(clock_).WithTimeout(options_.operation_timeout);
+    result = options_.registry->Poll(ctx, request);
+  } else {
+    result = PollResult{};
+  }
+  {
+    MutexLock l(&mu_);
+    ++stats_.polls;
+    if (!result.ok()) {
+      int64_t failures = ++stats_.poll_failures;
+      SPDLOG_LOGGER_WARN(logger_, "registry poll failed pod={} failures={}: {}",
+                         pod_id_, failures, result.status());
+    } else {
+      renewed_at_ = sent;
+      for (auto& slot : slots_) slot->lease_fenced = false;
+      if (result->epoch != epoch_ && !request.kinds.empty()) {
+        if (!epoch_.empty()) {
+          ++stats_.epoch_changes;
+          FenceAll("the registry's state is new (it forgot the old one)");
+        }
+        epoch_ = result->epoch;
+      }
+    }
+  }
+  if (result.ok()) {
+    for (const auto& [kind, view] : result->kinds) {
+      uint32_t ring = kDefaultRingSize;
+      for (const auto& k : options_.kinds) {
+        if (k.kind == kind) ring = k.ring_size;
+      }
+      auto targets = AssignShards(view.members, ring);
+      for (auto& slot : slots_) {
+        if (slot->info.kind != kind) continue;
+        {
+          MutexLock l(&mu_);
+          if (!slot->registered) continue;
+        }
+        auto it = targets.find(slot->info.id);
+        Step(*slot, view, it == targets.end() ? ShardRange{} : it->second);
+      }
+    }
+  }
+  // Self-fencing: stop before the lease can expire for the others.
+  MutexLock l(&mu_);
+  if (clock_->Now() >= renewed_at_ + options_.lease - fence_margin_) {
+    for (auto& slot : slots_) {
+      bool working =
+          !slot->active.range.Empty() ||
+          (!slot->queue.empty() && !slot->queue.back().range.Empty());
+      if (working && !slot->lease_fenced) {
+        slot->lease_fenced = true;
+        ++stats_.fences;
+        SPDLOG_LOGGER_WARN(logger_,
+                           "lease not renewed, node stops working node={} "
+                           "range={}",
+                           slot->info.id, slot->active.range);
+        Deliver(*slot, ShardAssignment{});
+      }
+    }
+  }
+}
+
+void NodeManager::Step(Slot& slot, const KindView& view, ShardRange target) {
+  const std::string& id = slot.info.id;
+  const std::string& kind = slot.info.kind;
+  auto held_it = view.held.find(id);
+  std::optional<ShardAssignment> held;
+  if (held_it != view.held.end()) held = held_it->second;
+  auto ctx = [this] {
+    return Context::Background(clock_).WithTimeout(options_.operation_timeout);
+  };
+
+  ShardAssignment active;
+  bool failed;
+  {
+    MutexLock l(&mu_);
+    if (!slot.queue.empty() || stopping_) return;  // Wait for the relay.
+    if (slot.lease_fenced) return;  // Until a poll succeeds again.
+    active = slot.active;
+    failed = slot.failed;
+    if (failed) target = ShardRange{};
+    // 1. Shrink first: the node stops outside the target before anything
+    //    is published.
+    if (!target.Covers(active.range)) {
+      ShardAssignment smaller{active.range.Intersect(target), active.token};
+      SPDLOG_LOGGER_INFO(logger_, "shard range shrinking node={} from={} to={}",
+                         id, active.range, smaller.range);
+      Deliver(slot, smaller);
+      return;
+    }
+    // Our hold vanished from the registry (it expired there): others may
+    // be granted these shards now, so stop at once.
+    if (!held.has_value() && !active.range.Empty()) {
+      ++stats_.fences;
+      SPDLOG_LOGGER_WARN(logger_,
+                         "registry no longer records our range, node stops "
+                         "node={} range={}",
+                         id, active.range);
+      Deliver(slot, ShardAssignment{});
+      return;
+    }
+  }
+  // 2. Publish the release once the node works on less than it holds.
+  if (held.has_value() && held->range != active.range) {
+    absl::Status s = options_.registry->Release(ctx(), kind, id, active.range);
+    MutexLock l(&mu_);
+    if (s.ok()) {
+      ++stats_.releases;
+      SPDLOG_LOGGER_INFO(logger_, "shard range released node={} kept={}", id,
+                         active.range);
+    } else {
+      SPDLOG_LOGGER_WARN(logger_, "release failed node={} range={}: {}", id,
+                         active.range, s);
+    }
+    return;
+  }
+  // A failed node leaves the ring so the others take its shards.
+  if (failed) {
+    absl::Status s = options_.registry->Deregister(ctx(), kind, {id});
+    MutexLock l(&mu_);
+    if (s.ok()) {
+      slot.registered = false;
+      slot.restart_ok = true;
+      cv_.SignalAll();
+    } else {
+      SPDLOG_LOGGER_WARN(logger_, "deregister failed node={}: {}", id, s);
+    }
+    return;
+  }
+  // 3. Grow only into shards nobody else holds.
+  if (!target.Empty() && active.range != target) {
+    absl::StatusOr<uint64_t> token =
+        options_.registry->Grant(ctx(), kind, id, target);
+    MutexLock l(&mu_);
+    if (token.ok()) {
+      ++stats_.grants;
+      SPDLOG_LOGGER_INFO(logger_,
+                         "shard range granted node={} range={} token={}", id,
+                         target, *token);
+      Deliver(slot, ShardAssignment{target, *token});
+    } else if (absl::IsAborted(token.status())) {
+      ++stats_.grant_conflicts;
+      SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
+                          token.status());
+    } else {
+      SPDLOG_LOGGER_WARN(logger_, "grant failed node={} range={}: {}", id,
+                         target, token.status());
+    }
+  }
+}
+
+void NodeManager::Deliver(Slot& slot, ShardAssignment assignment) {
+  slot.queue.push_back(assignment);
+  cv_.SignalAll();
+}
+
+void NodeManager::FenceAll(const char* why) {
+  for (auto& slot : slots_) {
+    bool working = !slot->active.range.Empty() ||
+                   (!slot->queue.empty() && !slot->queue.back().range.Empty());
+    if (!working) continue;
+    ++stats_.fences;
+    SPDLOG_LOGGER_WARN(logger_, "node stops working node={} range={}: {}",
+                       slot->info.id, slot->active.range, why);
+    Deliver(*slot, ShardAssignment{});
+  }
+}
+
+void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
+  const Context ctx(nodes_stop_.get_token(), clock_);
+  while (true) {
+    ShardAssignment next;
+    {
+      MutexLock l(&mu_);
+      cv_.Wait(&mu_, stop, [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !slot.queue.empty();
+      });
+      if (slot.queue.empty()) return;  // Stop requested.
+      next = slot.queue.front();
+    }
+    bool threw = false;
+    try {
+      slot.node->UpdateShardRange(ctx, next);
+    } catch (const std::exception& e) {
+      threw = true;
+      SPDLOG_LOGGER_ERROR(logger_,
+                          "UpdateShardRange threw node={} range={}: {}",
+                          slot.info.id, next.range, e.what());
+    } catch (...) {
+      threw = true;
+      SPDLOG_LOGGER_ERROR(logger_,
+                          "UpdateShardRange threw a non-exception node={} "
+                          "range={}",
+                          slot.info.id, next.range);
+    }
+    MutexLock l(&mu_);
+    slot.queue.pop_front();
+    slot.active = next;
+    ++stats_.updates_delivered;
+    SPDLOG_LOGGER_DEBUG(logger_,
+                        "shard range delivered node={} range={} token={}",
+                        slot.info.id, next.range, next.token);
+    if (threw && !next.range.Empty()) {
+      // The node may not have taken the change in: treat it as failed, so
+      // it is emptied, deregistered and restarted.
+      slot.failed = true;
+    }
+    wake_ = true;
+    cv_.SignalAll();
+  }
+}
+
+void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
+  const Context ctx(nodes_stop_.get_token(), clock_);
+  Backoff backoff(options_.restart_backoff);
+  while (true) {
+    {
+      MutexLock l(&mu_);
+      slot.running = true;
+    }
+    absl::Status status;
+    try {
+      status = slot.node->Run(ctx);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("run threw: ", e.what()));
+    } catch (...) {
+      status = absl::InternalError("run threw a non-exception");
+    }
+    {
+      MutexLock l(&mu_);
+      slot.running = false;
+    }
+    if (ctx.Cancelled() || stop.stop_requested()) return;
+    if (status.ok()) {
+      status = absl::InternalError("run returned before the node was stopped");
+    }
+    MutexLock l(&mu_);
+    slot.failed = true;
+    ++slot.restarts;
+    ++stats_.restarts;
+    absl::Duration wait = backoff.Next();
+    SPDLOG_LOGGER_ERROR(logger_,
+                        "node failed node={} restarts={} retry_in={}: {}",
+                        slot.info.id, slot.restarts, wait, status);
+    wake_ = true;
+    cv_.SignalAll();
+    // Wait until the node holds nothing and left the ring, then back off.
+    cv_.Wait(&mu_, stop, [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return slot.restart_ok;
+    });
+    if (stop.stop_requested()) return;
+    mu_.Unlock();
+    bool waited = clock_->SleepFor(wait, stop);
+    mu_.Lock();
+    if (!waited) return;
+    slot.failed = false;
+    slot.restart_ok = false;
+    slot.registered = true;
+    wake_ = true;
+    cv_.SignalAll();
+  }
+}
+
+void NodeManager::GracefulLeave() {
+  std::map<std::string, std::vector<std::string>> leave;
+  {
+    MutexLock l(&mu_);
+    for (auto& slot : slots_) {
+      bool working =
+          !slot->active.range.Empty() ||
+          (!slot->queue.empty() && !slot->queue.back().range.Empty());
+      if (working) Deliver(*slot, ShardAssignment{});
+    }
+    absl::Time deadline = clock_->Now() + options_.operation_timeout;
+    clock_->AwaitWithDeadline(&mu_, &cv_, deadline, {},
+                              [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                for (const auto& slot : slots_) {
+                                  if (!slot->queue.empty()) return false;
+                                }
+                                return true;
+                              });
+    for (auto& slot : slots_) {
+      if (!slot->registered) continue;
+      if (!slot->queue.empty()) {
+        // Still inside UpdateShardRange: leaving now could let another node
+        // start while this one works. Its lease will expire instead.
+        SPDLOG_LOGGER_WARN(logger_,
+                           "node did not return from UpdateShardRange in "
+                           "time, leaving by lease expiry node={}",
+                           slot->info.id);
+        continue;
+      }
+      leave[slot->info.kind].push_back(slot->info.id);
+      slot->registered = false;
+    }
+  }
+  for (const auto& [kind, ids] : leave) {
+    absl::Status s = options_.registry->Deregister(
+        Context::Background(clock_).WithTimeout(options_.operation_timeout),
+        kind, ids);
+    if (!s.ok()) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "deregister failed, leaving by lease expiry pod={} "
+                         "kind={}: {}",
+                         pod_id_, kind, s);
+    } else {
+      MutexLock l(&mu_);
+      stats_.releases += static_cast<int64_t>(ids.size());
+    }
+  }
+}
+
+}  // namespace setpoint

@@ -1,0 +1,332 @@
+#include "setpoint/node/node_manager.h"
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/registry/in_memory_node_registry.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/faulty_node_registry.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/simulated_clock.h"
+#include "setpoint/testing/status_matchers.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::FaultyNodeRegistry;
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::NullLogger;
+using ::setpoint::testing::SimulatedClock;
+using ::setpoint::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr uint32_t kRing = 64;
+
+// Records who works on which shard, and flags any moment at which two nodes
+// would. A node owns a shard from the moment UpdateShardRange is called with
+// it until an UpdateShardRange without it has returned: the most a node can
+// be working on, so a violation here is a real double owner.
+class OwnershipTracker {
+ public:
+  void Begin(const std::string& node, const ShardAssignment& from,
+             const ShardAssignment& to) {
+    MutexLock l(&mu_);
+    ++in_progress_;
+    for (uint32_t s = to.range.begin; s < to.range.end; ++s) {
+      if (from.range.Contains(s)) continue;
+      if (!owner_[s].empty() && owner_[s] != node) {
+        violations_.push_back(node + " took shard " + std::to_string(s) +
+                              " still owned by " + owner_[s]);
+      }
+      owner_[s] = node;
+      if (to.token <= token_[s]) {
+        violations_.push_back("token did not grow for shard " +
+                              std::to_string(s));
+      }
+      token_[s] = to.token;
+    }
+  }
+  void End(const std::string& node, const ShardAssignment& from,
+           const ShardAssignment& to) {
+    MutexLock l(&mu_);
+    --in_progress_;
+    for (uint32_t s = from.range.begin; s < from.range.end; ++s) {
+      if (!to.range.Contains(s) && owner_[s] == node) owner_[s].clear();
+    }
+  }
+  std::vector<std::string> violations() {
+    MutexLock l(&mu_);
+    return violations_;
+  }
+  int in_progress() {
+    MutexLock l(&mu_);
+    return in_progress_;
+  }
+  // Shards owned by nodes whose id starts with `prefix`.
+  int OwnedBy(const std::string& prefix) {
+    MutexLock l(&mu_);
+    int n = 0;
+    for (const auto& o : owner_) n += !o.empty() && o.rfind(prefix, 0) == 0;
+    return n;
+  }
+
+ private:
+  Mutex mu_;
+  std::string owner_[kRing] ABSL_GUARDED_BY(mu_);
+  uint64_t token_[kRing] ABSL_GUARDED_BY(mu_) = {};
+  std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
+  int in_progress_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class TestNode : public Node {
+ public:
+  TestNode(std::string id, OwnershipTracker* tracker, int fail_runs)
+      : id_(std::move(id)), tracker_(tracker), fail_runs_(fail_runs) {}
+
+  absl::Status Run(const Context& ctx) override {
+    if (fail_runs_ > 0) {
+      --fail_runs_;
+      return absl::InternalError("injected run failure");
+    }
+    // Blocks on the stop token only (not on the clock), so the simulated
+    // clock's waiters are the managers' loops.
+    std::mutex m;
+    std::condition_variable_any cv;
+    std::unique_lock l(m);
+    cv.wait(l, ctx.stop_token(), [] { return false; });
+    return absl::OkStatus();
+  }
+  void UpdateShardRange(const Context&, const ShardAssignment& a) override {
+    tracker_->Begin(id_, current_, a);
+    ShardAssignment from = current_;
+    current_ = a;
+    tracker_->End(id_, from, a);
+  }
+
+ private:
+  const std::string id_;
+  OwnershipTracker* tracker_;
+  ShardAssignment current_;  // Relay thread only.
+  int fail_runs_;            // Run thread only.
+};
+
+class NodeManagerTest : public ::testing::Test {
+ protected:
+  NodeManagerOptions Options(const std::string& pod, NodeRegistry* registry,
+                             int count = 2, int fail_runs = 0) {
+    return NodeManagerOptions{
+        .pod_id = pod,
+        .kinds = {{.kind = "vm",
+                   .count = count,
+                   .ring_size = kRing,
+                   .factory =
+                       [this, fail_runs](const NodeInfo& info) {
+                         return std::make_unique<TestNode>(info.id, &tracker_,
+                                                           fail_runs);
+                       }}},
+        .registry = registry,
+        .restart_backoff = {.initial = absl::Seconds(1), .jitter = 0},
+        .clock = &clock_,
+        .logger = NullLogger(),
+    };
+  }
+  NodeManager& StartPod(const std::string& pod,
+                        NodeRegistry* registry = nullptr, int count = 2,
+                        int fail_runs = 0) {
+    pods_.push_back(std::make_unique<NodeManager>(Options(
+        pod, registry != nullptr ? registry : &registry_, count, fail_runs)));
+    EXPECT_THAT(pods_.back()->Start(), IsOk());
+    return *pods_.back();
+  }
+  // Waits until every running manager is idle: only the clock can move
+  // things on.
+  void Settle() {
+    ASSERT_TRUE(AwaitCondition([&] {
+      for (auto& pod : pods_) {
+        if (!stopped_.contains(pod.get()) && !pod->Idle()) return false;
+      }
+      return true;
+    }));
+  }
+  void StopPod(NodeManager& pod) {
+    pod.Stop();
+    stopped_.insert(&pod);
+  }
+  // Moves simulated time in small steps until `pred` holds.
+  template <typename Pred>
+  bool AdvanceUntil(Pred pred, absl::Duration limit = absl::Seconds(30)) {
+    for (absl::Duration t; t <= limit; t += absl::Milliseconds(50)) {
+      Settle();
+      if (pred()) return true;
+      clock_.AdvanceTime(absl::Milliseconds(50));
+    }
+    return pred();
+  }
+  // Every node of `pods` active, the ring split evenly between them.
+  static bool Balanced(const std::vector<NodeManager*>& pods, int nodes) {
+    uint32_t total = 0;
+    int active = 0;
+    for (NodeManager* pod : pods) {
+      for (const NodeState& n : pod->Nodes()) {
+        if (n.active.range.Empty()) continue;
+        ++active;
+        total += n.active.range.size();
+        if (n.active.range.size() + 1 < kRing / nodes ||
+            n.active.range.size() > kRing / nodes + 1) {
+          return false;
+        }
+      }
+    }
+    return active == nodes && total == kRing;
+  }
+  void TearDown() override {
+    for (auto& pod : pods_) pod->Stop();
+    EXPECT_THAT(tracker_.violations(), IsEmpty());
+  }
+
+  SimulatedClock clock_;
+  InMemoryNodeRegistry registry_{{.clock = &clock_}};
+  FaultyNodeRegistry faulty_{&registry_};
+  OwnershipTracker tracker_;
+  std::vector<std::unique_ptr<NodeManager>> pods_;
+  std::set<NodeManager*> stopped_;
+};
+
+TEST_F(NodeManagerTest, OnePodSplitsTheRingBetweenItsNodes) {
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  auto nodes = a.Nodes();
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].id, "a/vm/0");
+  EXPECT_EQ(nodes[0].active.range, (ShardRange{0, 32}));
+  EXPECT_EQ(nodes[1].active.range, (ShardRange{32, 64}));
+  EXPECT_GT(nodes[0].active.token, 0u);
+  EXPECT_NE(nodes[0].active.token, nodes[1].active.token);
+}
+
+TEST_F(NodeManagerTest, JoiningPodTakesItsShareWithoutOverlap) {
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  EXPECT_EQ(tracker_.OwnedBy("a/"), 32);
+  EXPECT_EQ(tracker_.OwnedBy("b/"), 32);
+  EXPECT_GT(a.stats().releases, 0);
+  EXPECT_GT(b.stats().grants, 0);
+}
+
+TEST_F(NodeManagerTest, GracefulStopHandsOverWithoutWaitingForTheLease) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  StopPod(b);
+  for (const NodeState& n : b.Nodes()) {
+    EXPECT_TRUE(n.active.range.Empty()) << n.id;
+    EXPECT_FALSE(n.registered) << n.id;
+  }
+  // No simulated time passes: the takeover comes from the notification.
+  EXPECT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }));
+  b.Stop();  // Idempotent.
+}
+
+TEST_F(NodeManagerTest, UnreachableRegistryFencesBeforeOthersTakeOver) {
+  FaultyNodeRegistry& faulty = faulty_;
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b", &faulty);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  faulty.SetDown(true);
+  // b stops working on its own; a takes everything once b's lease expired.
+  // The tracker checks at every step that b stopped before a started.
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  EXPECT_GE(b.stats().fences, 2);
+  for (const NodeState& n : b.Nodes()) EXPECT_TRUE(n.active.range.Empty());
+  // Back online: b re-registers and gets its share again.
+  faulty.SetDown(false);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+}
+
+TEST_F(NodeManagerTest, FailedNodeLeavesTheRingAndRestarts) {
+  NodeManager& a = StartPod("a", nullptr, 2, /*fail_runs=*/1);
+  // Both nodes fail once, leave, wait 1 s and come back.
+  ASSERT_TRUE(AdvanceUntil([&] {
+    auto nodes = a.Nodes();
+    return nodes[0].restarts == 1 && nodes[1].restarts == 1 &&
+           Balanced({&a}, 2);
+  }));
+  EXPECT_EQ(a.stats().restarts, 2);
+}
+
+TEST_F(NodeManagerTest, RegistryThatForgotFencesEveryoneThenRecovers) {
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  uint64_t old_token = a.Nodes()[0].active.token;
+  registry_.ForgetEverything(absl::Seconds(3));
+  ASSERT_TRUE(AdvanceUntil([&] { return a.stats().epoch_changes == 1; }));
+  for (const NodeState& n : a.Nodes()) EXPECT_TRUE(n.active.range.Empty());
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  EXPECT_GT(a.Nodes()[0].active.token, old_token);
+}
+
+TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
+  InMemoryNodeRegistry registry;
+  auto factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
+    return nullptr;
+  };
+  auto base = [&] {
+    return NodeManagerOptions{
+        .pod_id = "p",
+        .kinds = {{.kind = "vm", .count = 1, .factory = factory}},
+        .registry = &registry,
+    };
+  };
+  EXPECT_THAT(ValidateNodeManagerOptions(base()), IsOk());
+  struct Case {
+    std::function<void(NodeManagerOptions&)> mutate;
+    std::string field;
+  };
+  std::vector<Case> cases = {
+      {[](auto& o) { o.registry = nullptr; }, "registry"},
+      {[](auto& o) { o.kinds.clear(); }, "kinds"},
+      {[](auto& o) { o.kinds[0].count = 0; }, "kinds[0].count"},
+      {[](auto& o) { o.kinds[0].ring_size = 0; }, "kinds[0].ring_size"},
+      {[](auto& o) { o.kinds[0].kind = ""; }, "kinds[0].kind"},
+      {[](auto& o) { o.kinds[0].kind = "a/b"; }, "kinds[0].kind"},
+      {[](auto& o) { o.kinds.push_back(o.kinds[0]); }, "kinds[1].kind"},
+      {[](auto& o) { o.kinds[0].factory = nullptr; }, "kinds[0].factory"},
+      {[](auto& o) { o.lease = o.poll_interval; }, "lease"},
+      {[](auto& o) { o.fence_margin = o.lease; }, "fence_margin"},
+      {[](auto& o) { o.pod_id = "x/y"; }, "pod_id"},
+  };
+  for (const Case& c : cases) {
+    NodeManagerOptions o = base();
+    c.mutate(o);
+    EXPECT_THAT(
+        ValidateNodeManagerOptions(o),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field + " ")))
+        << c.field;
+  }
+  // A factory returning null is reported by Start, which starts nothing.
+  NodeManager manager(base());
+  EXPECT_THAT(manager.Start(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("p/vm/0")));
+  manager.Stop();
+}
+
+TEST(NodeManagerIdTest, DefaultPodIdIsHostAndPid) {
+  std::string id = DefaultPodId();
+  EXPECT_THAT(id, HasSubstr("-" + std::to_string(getpid())));
+  EXPECT_EQ(id.find('/'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace setpoint

@@ -1,0 +1,130 @@
+#include "setpoint/registry/in_memory_node_registry.h"
+
+#include <atomic>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "setpoint/testing/simulated_clock.h"
+#include "setpoint/testing/status_matchers.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::SimulatedClock;
+using ::setpoint::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+class InMemoryNodeRegistryTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<PollResult> Poll(std::vector<std::string> ids,
+                                  absl::Duration lease = absl::Seconds(3)) {
+    return registry_.Poll(ctx_, {.kinds = {{"vm", ids}}, .lease = lease});
+  }
+  SimulatedClock clock_;
+  InMemoryNodeRegistry registry_{{.clock = &clock_}};
+  Context ctx_ = Context::Background(&clock_);
+};
+
+TEST_F(InMemoryNodeRegistryTest, PollRegistersAndListsSortedMembers) {
+  ASSERT_THAT(Poll({"b/vm/0"}).status(), IsOk());
+  auto r = Poll({"a/vm/0", "a/vm/1"});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->kinds["vm"].members,
+              ElementsAre("a/vm/0", "a/vm/1", "b/vm/0"));
+  EXPECT_THAT(r->kinds["vm"].held, IsEmpty());
+  EXPECT_FALSE(r->epoch.empty());
+}
+
+TEST_F(InMemoryNodeRegistryTest, LeasesExpireOnTheRegistryClock) {
+  ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
+  ASSERT_THAT(Poll({"b/vm/0"}).status(), IsOk());
+  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  clock_.AdvanceTime(absl::Seconds(2));
+  ASSERT_THAT(Poll({"b/vm/0"}).status(), IsOk());  // b renews, a does not.
+  clock_.AdvanceTime(absl::Seconds(1));            // a's lease ends now.
+  auto r = Poll({"b/vm/0"});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->kinds["vm"].members, ElementsAre("b/vm/0"));
+  // a's held range went with it, so b can take those shards.
+  EXPECT_THAT(r->kinds["vm"].held, IsEmpty());
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {0, 10}).status(), IsOk());
+}
+
+TEST_F(InMemoryNodeRegistryTest, GrantOnlyIntoFreeShardsWithGrowingTokens) {
+  ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
+  auto t1 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 100});
+  ASSERT_THAT(t1.status(), IsOk());
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {50, 200}).status(),
+              StatusIs(absl::StatusCode::kAborted));
+  auto t2 = registry_.Grant(ctx_, "vm", "b/vm/0", {100, 200});
+  ASSERT_THAT(t2.status(), IsOk());
+  EXPECT_GT(*t2, *t1);
+  // a shrinks and publishes; then b may grow into what a gave up.
+  ASSERT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {0, 50}), IsOk());
+  auto t3 = registry_.Grant(ctx_, "vm", "b/vm/0", {50, 200});
+  ASSERT_THAT(t3.status(), IsOk());
+  EXPECT_GT(*t3, *t2);
+  auto r = Poll({});
+  EXPECT_EQ(r->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t1}));
+  EXPECT_EQ(r->kinds["vm"].held["b/vm/0"], (ShardAssignment{{50, 200}, *t3}));
+}
+
+TEST_F(InMemoryNodeRegistryTest, RefusesBadRequests) {
+  ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "ghost", {0, 1}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {5, 5}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  // A release must lie within what is held.
+  EXPECT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {5, 20}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Poll({"a/vm/0"}, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  CancelScope scope(ctx_);
+  scope.Cancel();
+  EXPECT_THAT(registry_.Poll(scope.context(), {}).status(),
+              StatusIs(absl::StatusCode::kCancelled));
+}
+
+TEST_F(InMemoryNodeRegistryTest, DeregisterFreesShardsAndNotifies) {
+  std::atomic<int> changes{0};
+  int64_t id = registry_.AddChangeListener([&] { ++changes; });
+  ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
+  EXPECT_EQ(changes.load(), 1);  // Two joins, one change.
+  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  ASSERT_THAT(registry_.Deregister(ctx_, "vm", {"a/vm/0"}), IsOk());
+  EXPECT_EQ(changes.load(), 3);
+  auto r = Poll({"b/vm/0"});
+  EXPECT_THAT(r->kinds["vm"].members, ElementsAre("b/vm/0"));
+  EXPECT_EQ(changes.load(), 3);  // A renewal is not a change.
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {0, 10}).status(), IsOk());
+  registry_.RemoveChangeListener(id);
+  ASSERT_THAT(registry_.Deregister(ctx_, "vm", {"b/vm/0"}), IsOk());
+  EXPECT_EQ(changes.load(), 4);
+}
+
+TEST_F(InMemoryNodeRegistryTest, ForgettingStartsANewEpochWithAGrace) {
+  auto before = Poll({"a/vm/0"});
+  auto t1 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10});
+  ASSERT_THAT(t1.status(), IsOk());
+  registry_.ForgetEverything(absl::Seconds(3));
+  auto after = Poll({"a/vm/0"});
+  ASSERT_THAT(after.status(), IsOk());
+  EXPECT_NE(after->epoch, before->epoch);
+  EXPECT_THAT(after->kinds["vm"].held, IsEmpty());
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(),
+              StatusIs(absl::StatusCode::kAborted));
+  clock_.AdvanceTime(absl::Seconds(2));
+  ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
+  clock_.AdvanceTime(absl::Seconds(1));
+  auto t2 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10});
+  ASSERT_THAT(t2.status(), IsOk());
+  EXPECT_GT(*t2, *t1) << "tokens keep growing across a loss of state";
+}
+
+}  // namespace
+}  // namespace setpoint
