@@ -1,0 +1,106 @@
+// RedisNodeRegistry: the NodeRegistry many pods share through one Redis
+// (docs/registry.md documents the keys, the scripts and the guarantees).
+//
+//   auto registry = RedisNodeRegistry::Create({
+//       .address = "10.0.0.5:6379",
+//       .username = "setpoint", .password = secret,
+//       .ns = "prod",
+//   });
+//   if (!registry.ok()) return registry.status();
+//   NodeManager manager({.registry = registry->get(), ...});
+//
+// Every operation is one Lua script (EVALSHA) over one connection; expiry
+// is computed from the Redis server's clock inside the scripts. All keys
+// share the hash tag {setpoint:<ns>}, so the same code works on Redis
+// Cluster. A second connection subscribes to the namespace's change channel
+// and wakes the listeners; polling stays the safety net. Values in our keys
+// that someone else wrote and that do not parse are logged and treated
+// conservatively (as held by their owner), never trusted, never a crash.
+//
+// Thread safety: thread-safe; calls are serialized on the one connection.
+#ifndef SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
+#define SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/registry/node_registry.h"
+#include "spdlog/logger.h"
+
+namespace setpoint {
+
+struct RedisNodeRegistryOptions {
+  // "host:port", "tcp://host:port", "[::1]:port" or "unix:///path/redis.sock".
+  // Default: "127.0.0.1:6379".
+  std::string address = "127.0.0.1:6379";
+  // ACL user for AUTH; empty with a password: AUTH <password> (requirepass).
+  // Default: none.
+  std::string username = "";
+  // Never logged. Empty: no AUTH.
+  // Default: none.
+  std::string password = "";
+  // SELECT this database (>= 0; Redis Cluster supports only 0).
+  // Default: 0.
+  int db = 0;
+  // Every key lives under "{setpoint:<ns>}:". Non-empty; no '{', '}'.
+  // Default: "default".
+  std::string ns = "default";
+  // Default: 1 s.
+  absl::Duration connect_timeout = absl::Seconds(1);
+  // Each command (one round trip) gives up after this long.
+  // Default: 1 s.
+  absl::Duration command_timeout = absl::Seconds(1);
+  // Waits between failed connects.
+  // Default: 100 ms doubling to 5 s, jitter 0.2.
+  BackoffOptions reconnect_backoff = {.initial = absl::Milliseconds(100),
+                                      .max = absl::Seconds(5)};
+  // Default: spdlog's default logger at construction.
+  std::shared_ptr<spdlog::logger> logger = nullptr;
+};
+
+// Returns kInvalidArgument naming the field: an address that does not
+// parse, db < 0, an empty namespace or one with '{' or '}', timeouts <= 0.
+absl::Status ValidateRedisNodeRegistryOptions(
+    const RedisNodeRegistryOptions& options);
+
+class RedisNodeRegistry : public NodeRegistry {
+ public:
+  // Validates the options; does not connect (the first call does, and
+  // every call after a failure tries again).
+  static absl::StatusOr<std::unique_ptr<RedisNodeRegistry>> Create(
+      RedisNodeRegistryOptions options);
+  ~RedisNodeRegistry() override;
+
+  absl::StatusOr<PollResult> Poll(const Context& ctx,
+                                  const PollRequest& request) override;
+  absl::Status Release(const Context& ctx, const std::string& kind,
+                       const std::string& node_id, ShardRange range) override;
+  absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
+                                 const std::string& node_id,
+                                 ShardRange target) override;
+  absl::Status Deregister(const Context& ctx, const std::string& kind,
+                          const std::vector<std::string>& node_ids) override;
+  int64_t AddChangeListener(std::function<void()> listener) override;
+  void RemoveChangeListener(int64_t id) override;
+
+  // Round trips to Redis so far (scripts and commands, not subscriptions).
+  int64_t round_trips() const;
+  // The key prefix, "{setpoint:<ns>}".
+  const std::string& prefix() const;
+
+ private:
+  struct Impl;
+  explicit RedisNodeRegistry(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_

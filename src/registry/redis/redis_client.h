@@ -1,0 +1,115 @@
+// RedisClient: setpoint's small RAII wrapper over one hiredis connection.
+// Private to the library: hiredis never appears in public headers.
+//
+//   RedisClient client(options, logger);
+//   absl::StatusOr<RedisReply> r = client.Command({"PING"});
+//   RedisScript script("return 1");
+//   r = client.Eval(script, /*keys=*/{}, /*args=*/{});
+//
+// Connects lazily and again after any error, backing off between failed
+// connects; AUTH (ACL user or password only) and SELECT run on every new
+// connection. Each command waits at most command_timeout. Errors map to
+// canonical codes: kUnavailable (cannot connect, connection lost),
+// kDeadlineExceeded (timed out), kPermissionDenied (AUTH refused, NOPERM),
+// kInternal (a Redis error reply). EVALSHA reloads the script on NOSCRIPT.
+//
+// Thread safety: not thread-safe; one owner (callers hold a mutex).
+#ifndef SETPOINT_SRC_REGISTRY_REDIS_REDIS_CLIENT_H_
+#define SETPOINT_SRC_REGISTRY_REDIS_REDIS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/registry/redis_node_registry.h"
+#include "spdlog/logger.h"
+
+struct redisContext;
+
+namespace setpoint::redis {
+
+// A reply, copied out of hiredis.
+struct RedisReply {
+  enum class Type { kNil, kInteger, kString, kArray, kStatus, kError };
+  Type type = Type::kNil;
+  int64_t integer = 0;
+  std::string str;  // kString, kStatus, kError.
+  std::vector<RedisReply> elements;
+};
+
+// A Lua script and its SHA1, computed by Redis on first load.
+struct RedisScript {
+  explicit RedisScript(std::string text) : source(std::move(text)) {}
+  std::string source;
+  std::string sha;  // Empty until loaded.
+};
+
+// Where and how to connect; a parsed RedisNodeRegistryOptions.
+struct RedisEndpoint {
+  std::string host;  // TCP, or empty for a unix socket.
+  int port = 0;
+  std::string unix_path;  // Unix socket, or empty for TCP.
+  std::string ToString() const;
+};
+
+// Maps a Redis error reply to a Status: NOPERM/WRONGPASS/NOAUTH ->
+// kPermissionDenied; LOADING/BUSY/MASTERDOWN/TRYAGAIN/CLUSTERDOWN ->
+// kUnavailable; anything else kInternal. `what` starts the message.
+absl::Status StatusFromErrorReply(const std::string& what,
+                                  const std::string& message);
+
+// Parses "host:port", "tcp://host:port", "[::1]:port" or "unix:///path".
+absl::StatusOr<RedisEndpoint> ParseRedisAddress(const std::string& address);
+
+class RedisClient {
+ public:
+  RedisClient(RedisEndpoint endpoint, const RedisNodeRegistryOptions& options,
+              std::shared_ptr<spdlog::logger> logger);
+  ~RedisClient();
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
+
+  // Runs one command. A Redis error reply is returned as a reply of type
+  // kError (the command reached Redis), not as a Status.
+  absl::StatusOr<RedisReply> Command(const std::vector<std::string>& argv);
+  // EVALSHA, loading the script first if needed and again on NOSCRIPT.
+  // An error reply from the script is returned as a kError reply, for the
+  // caller to map (StatusFromErrorReply).
+  absl::StatusOr<RedisReply> Eval(RedisScript& script,
+                                  const std::vector<std::string>& keys,
+                                  const std::vector<std::string>& args);
+  // Blocks until a message arrives or `timeout` passes, for a subscribed
+  // connection. Returns the message, or nullopt-like kNil reply on timeout.
+  absl::StatusOr<RedisReply> ReadPushed(absl::Duration timeout);
+  // Round trips made (commands sent), for cost accounting.
+  int64_t round_trips() const { return round_trips_; }
+  // Drops the connection (the next command reconnects).
+  void Disconnect();
+  bool connected() const { return ctx_ != nullptr; }
+  const RedisEndpoint& endpoint() const { return endpoint_; }
+
+ private:
+  absl::Status EnsureConnected();
+  absl::Status Fail(const char* what);
+
+  const RedisEndpoint endpoint_;
+  const std::string username_;
+  const std::string password_;
+  const int db_;
+  const absl::Duration connect_timeout_;
+  const absl::Duration command_timeout_;
+  std::shared_ptr<spdlog::logger> logger_;
+  redisContext* ctx_ = nullptr;
+  int64_t round_trips_ = 0;
+  Backoff backoff_;
+  absl::Time next_connect_ = absl::InfinitePast();  // Monotonic clock.
+};
+
+}  // namespace setpoint::redis
+
+#endif  // SETPOINT_SRC_REGISTRY_REDIS_REDIS_CLIENT_H_

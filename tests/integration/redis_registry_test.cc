@@ -1,0 +1,228 @@
+// RedisNodeRegistry against a real redis-server started by the test.
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "integration/redis_server.h"
+#include "registry/redis/redis_client.h"
+#include "setpoint/node/node_manager.h"
+#include "setpoint/registry/redis_node_registry.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/status_matchers.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::NullLogger;
+using ::setpoint::testing::RedisServer;
+using ::setpoint::testing::RedisServerOptions;
+using ::setpoint::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+std::unique_ptr<RedisNodeRegistry> Registry(const std::string& address,
+                                            RedisNodeRegistryOptions o = {}) {
+  o.address = address;
+  o.logger = NullLogger();
+  o.reconnect_backoff = {.initial = absl::Milliseconds(5),
+                         .max = absl::Milliseconds(50)};
+  auto r = RedisNodeRegistry::Create(std::move(o));
+  EXPECT_THAT(r.status(), IsOk());
+  return r.ok() ? std::move(*r) : nullptr;
+}
+
+// Runs a raw command, for tests that write into our keys as someone else.
+redis::RedisReply Raw(const std::string& address,
+                      const std::vector<std::string>& argv,
+                      const std::string& password = "") {
+  auto endpoint = redis::ParseRedisAddress(address);
+  RedisNodeRegistryOptions o{.password = password};
+  redis::RedisClient client(*endpoint, o, NullLogger());
+  auto reply = client.Command(argv);
+  EXPECT_THAT(reply.status(), IsOk());
+  return reply.ok() ? *reply : redis::RedisReply{};
+}
+
+class RedisRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SETPOINT_START_REDIS_OR_SKIP(server_); }
+  absl::StatusOr<PollResult> Poll(RedisNodeRegistry& r,
+                                  std::vector<std::string> ids,
+                                  absl::Duration lease = absl::Seconds(3)) {
+    return r.Poll(ctx_, {.kinds = {{"vm", std::move(ids)}}, .lease = lease});
+  }
+  RedisServer server_{RedisServerOptions{.tcp = true}};
+  Context ctx_ = Context::Background();
+};
+
+TEST_F(RedisRegistryTest, SameProtocolAsInMemory) {
+  auto r = Registry(server_.address());
+  auto first = Poll(*r, {"b/vm/0", "a/vm/0"});
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_THAT(first->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
+  EXPECT_FALSE(first->epoch.empty());
+  // A namespace seen for the first time refuses grants for one lease.
+  EXPECT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(),
+              StatusIs(absl::StatusCode::kAborted));
+  Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "0"});
+  auto t1 = r->Grant(ctx_, "vm", "a/vm/0", {0, 100});
+  ASSERT_THAT(t1.status(), IsOk());
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {50, 200}).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("a/vm/0")));
+  ASSERT_THAT(r->Release(ctx_, "vm", "a/vm/0", {0, 50}), IsOk());
+  EXPECT_THAT(r->Release(ctx_, "vm", "a/vm/0", {0, 60}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto t2 = r->Grant(ctx_, "vm", "b/vm/0", {50, 200});
+  ASSERT_THAT(t2.status(), IsOk());
+  EXPECT_GT(*t2, *t1);
+  auto view = Poll(*r, {});
+  ASSERT_THAT(view.status(), IsOk());
+  EXPECT_EQ(view->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t1}));
+  EXPECT_EQ(view->kinds["vm"].held["b/vm/0"],
+            (ShardAssignment{{50, 200}, *t2}));
+  EXPECT_EQ(view->epoch, first->epoch);
+  EXPECT_THAT(r->Grant(ctx_, "vm", "ghost", {300, 400}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(r->Deregister(ctx_, "vm", {"a/vm/0"}), IsOk());
+  view = Poll(*r, {});
+  EXPECT_THAT(view->kinds["vm"].members, ElementsAre("b/vm/0"));
+  EXPECT_FALSE(view->kinds["vm"].held.contains("a/vm/0"));
+  // Keys carry the namespace's hash tag.
+  auto keys = Raw(server_.address(), {"KEYS", "*"});
+  for (const auto& k : keys.elements) {
+    EXPECT_THAT(k.str, ::testing::StartsWith("{setpoint:default}:"));
+  }
+}
+
+TEST_F(RedisRegistryTest, LeasesExpireOnTheServerClock) {
+  auto r = Registry(server_.tcp_address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}, absl::Milliseconds(200)).status(), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] {
+    auto v = Poll(*r, {"b/vm/0"}, absl::Seconds(5));
+    return v.ok() && v->kinds["vm"].members.size() == 1;
+  }));
+}
+
+TEST_F(RedisRegistryTest, NotifiesListenersOfChangesByOthers) {
+  auto watcher = Registry(server_.address());
+  auto writer = Registry(server_.address());
+  std::atomic<int> changes{0};
+  int64_t id = watcher->AddChangeListener([&] { ++changes; });
+  // The subscription may take a moment; keep changing until one is heard.
+  int n = 0;
+  ASSERT_TRUE(AwaitCondition([&] {
+    EXPECT_THAT(Poll(*writer, {"w/vm/" + std::to_string(n++)}).status(),
+                IsOk());
+    return changes.load() > 0;
+  }));
+  watcher->RemoveChangeListener(id);
+}
+
+TEST_F(RedisRegistryTest, UnreachableRedisIsUnavailableThenRecovers) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+  server_.Stop();
+  EXPECT_THAT(Poll(*r, {"a/vm/0"}).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_THAT(server_.Start(), IsOk());
+  // Empty memory: a new epoch, and scripts are loaded again (NOSCRIPT).
+  ASSERT_TRUE(AwaitCondition([&] { return Poll(*r, {"a/vm/0"}).ok(); }));
+}
+
+TEST_F(RedisRegistryTest, PausedRedisTimesOut) {
+  auto r =
+      Registry(server_.address(), {.command_timeout = absl::Milliseconds(100)});
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+  server_.Pause();
+  absl::Status s = Poll(*r, {"a/vm/0"}).status();
+  server_.Resume();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) << s;
+  ASSERT_TRUE(AwaitCondition([&] { return Poll(*r, {"a/vm/0"}).ok(); }));
+}
+
+TEST_F(RedisRegistryTest, GarbageInOurKeysIsRefusedClearlyNotACrash) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
+  Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "0"});
+  ASSERT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  const std::string held = r->prefix() + ":kind:vm:held";
+  // A held value that does not parse: ignored in the view, and treated as
+  // holding everything by grants.
+  Raw(server_.address(), {"HSET", held, "a/vm/0", "not a range"});
+  auto v = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_FALSE(v->kinds["vm"].held.contains("a/vm/0"));
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("parse")));
+  // A key of the wrong type: a clear error naming it.
+  const std::string members = r->prefix() + ":kind:vm:members";
+  Raw(server_.address(), {"DEL", members});
+  Raw(server_.address(), {"SET", members, "garbage"});
+  EXPECT_THAT(Poll(*r, {"a/vm/0"}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(members)));
+  // Garbage in grants_from: a warning and one lease of no grants.
+  Raw(server_.address(), {"DEL", members});
+  Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "soon"});
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}).status(),
+              StatusIs(absl::StatusCode::kAborted));
+}
+
+TEST(RedisAuthTest, PasswordAndAclUser) {
+  RedisServer server(RedisServerOptions{
+      .requirepass = "s3cret-pass",
+      .acl_users = {"user ctrl on >ctrl-pass ~{setpoint:* &* +@all"}});
+  SETPOINT_START_REDIS_OR_SKIP(server);
+  Context ctx = Context::Background();
+  PollRequest req{.kinds = {{"vm", {"a/vm/0"}}}};
+  auto anonymous = Registry(server.address());
+  absl::Status s = anonymous->Poll(ctx, req).status();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied));
+  auto wrong = Registry(server.address(), {.password = "nope"});
+  s = wrong->Poll(ctx, req).status();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("nope")));
+  auto with_password = Registry(server.address(), {.password = "s3cret-pass"});
+  EXPECT_THAT(with_password->Poll(ctx, req).status(), IsOk());
+  auto acl =
+      Registry(server.address(), {.username = "ctrl", .password = "ctrl-pass"});
+  EXPECT_THAT(acl->Poll(ctx, req).status(), IsOk());
+}
+
+TEST(RedisOptionsTest, RefusesBadOptionsNamingTheField) {
+  struct Case {
+    RedisNodeRegistryOptions options;
+    std::string field;
+  };
+  std::vector<Case> cases = {
+      {{.address = "nohost"}, "address"},
+      {{.address = "host:99999"}, "address"},
+      {{.address = "::1:6379"}, "address"},
+      {{.address = "unix://relative"}, "address"},
+      {{.db = -1}, "db"},
+      {{.ns = ""}, "ns"},
+      {{.ns = "a}b"}, "ns"},
+      {{.command_timeout = absl::ZeroDuration()}, "command_timeout"},
+      {{.username = "u"}, "username"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(
+        ValidateRedisNodeRegistryOptions(c.options),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field + " ")))
+        << c.field;
+  }
+  EXPECT_THAT(ValidateRedisNodeRegistryOptions({.address = "[::1]:6379"}),
+              IsOk());
+  EXPECT_THAT(ValidateRedisNodeRegistryOptions({.address = "tcp://h:1"}),
+              IsOk());
+}
+
+}  // namespace
+}  // namespace setpoint
