@@ -273,6 +273,9 @@ void NodeManager::Loop(std::stop_token stop) {
 }
 
 void NodeManager::Tick() {
+  // A process that was frozen (SIGSTOP, a long GC-like pause, a slow VM)
+  // must stop before it spends a round trip on polling.
+  SelfFence();
   PollRequest request{.lease = options_.lease};
   {
     MutexLock l(&mu_);
@@ -310,6 +313,9 @@ void NodeManager::Tick() {
       }
     }
   }
+  if (result.ok() && options_.on_lease_renewed) {
+    options_.on_lease_renewed(sent + options_.lease - fence_margin_);
+  }
   if (result.ok()) {
     for (const auto& [kind, view] : result->kinds) {
       uint32_t ring = kDefaultRingSize;
@@ -328,7 +334,11 @@ void NodeManager::Tick() {
       }
     }
   }
-  // Self-fencing: stop before the lease can expire for the others.
+  SelfFence();
+}
+
+void NodeManager::SelfFence() {
+  // Stop before the lease can expire for the others.
   MutexLock l(&mu_);
   if (clock_->Now() >= renewed_at_ + options_.lease - fence_margin_) {
     for (auto& slot : slots_) {

@@ -89,6 +89,12 @@ struct NodeManagerOptions {
   // The registry calls and the graceful stop give up after this long.
   // Default: 2 s.
   absl::Duration operation_timeout = absl::Seconds(2);
+  // Called on the protocol thread after each renewal that succeeded, with
+  // the time (on `clock`) until which this pod's nodes may work without
+  // another one: last renewal sent + lease - fence_margin. For metrics, and
+  // for code that must check its right to act before a write.
+  // Default: none.
+  std::function<void(absl::Time valid_until)> on_lease_renewed = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
   // clock).
   // Default: Clock::Monotonic().
@@ -160,6 +166,9 @@ class NodeManager {
 
   void Loop(std::stop_token stop);
   void Tick();
+  // Gives every working node the empty range once the last renewal that
+  // succeeded is too old.
+  void SelfFence();
   void Step(Slot& slot, const KindView& view, ShardRange target);
   void Deliver(Slot& slot, ShardAssignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

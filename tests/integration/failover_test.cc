@@ -1,0 +1,255 @@
+// Multi-process failover: three real processes share a ring through one
+// real redis-server; one is SIGKILLed, one SIGSTOPped past its lease and
+// SIGCONTed, one new one joins. From the processes' own logs (times on the
+// system-wide monotonic clock) the test checks that no shard ever had two
+// owners, that tokens only grew, and how fast the killed pod's shards were
+// owned again.
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "integration/redis_server.h"
+#include "setpoint/node/shard.h"
+#include "setpoint/testing/await.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::RedisServer;
+
+constexpr uint32_t kRing = 64;
+constexpr int64_t kLeaseMs = 1000;
+constexpr int64_t kPollMs = 200;
+
+int64_t Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+struct Interval {
+  std::string node;
+  uint64_t token;
+  int64_t start;
+  int64_t end;  // Effective: cut at release, death or lease validity.
+};
+
+// What one pod's log says.
+struct PodLog {
+  std::map<std::string, ShardRange> current;          // After the last E.
+  std::vector<std::pair<int64_t, int64_t>> renewals;  // (logged, valid until)
+  std::vector<Interval> intervals[kRing];             // Raw, per shard.
+};
+
+PodLog Parse(const std::string& path, int64_t death) {
+  PodLog log;
+  std::ifstream in(path);
+  std::string line;
+  struct Pending {
+    ShardRange from, to;
+    uint64_t token;
+  };
+  std::map<std::string, Pending> pending;
+  std::map<std::pair<std::string, uint32_t>, size_t> open;  // -> index
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string kind;
+    f >> kind;
+    if (kind == "R") {
+      int64_t at, until;
+      f >> at >> until;
+      log.renewals.emplace_back(at, until);
+    } else if (kind == "B") {
+      std::string node;
+      ShardRange to;
+      uint64_t token;
+      int64_t t;
+      f >> node >> to.begin >> to.end >> token >> t;
+      ShardRange from = log.current[node];
+      pending[node] = {from, to, token};
+      for (uint32_t s = to.begin; s < to.end; ++s) {
+        if (from.Contains(s)) continue;
+        open[{node, s}] = log.intervals[s].size();
+        log.intervals[s].push_back({node, token, t, INT64_MAX});
+      }
+    } else if (kind == "E") {
+      std::string node;
+      int64_t t;
+      f >> node >> t;
+      Pending p = pending[node];
+      for (uint32_t s = p.from.begin; s < p.from.end; ++s) {
+        if (p.to.Contains(s)) continue;
+        auto it = open.find({node, s});
+        if (it != open.end()) {
+          log.intervals[s][it->second].end = t;
+          open.erase(it);
+        }
+      }
+      log.current[node] = p.to;
+    }
+  }
+  // Still open: the pod died (or the log ends while it runs).
+  for (auto& [key, index] : open) {
+    log.intervals[key.second][index].end = death;
+  }
+  // A pod may act only while its last renewal is valid: cut each interval
+  // where validity lapsed (as it does for a process frozen past its lease).
+  for (auto& shard : log.intervals) {
+    for (Interval& iv : shard) {
+      int64_t valid = INT64_MIN;
+      for (const auto& [at, until] : log.renewals) {
+        if (at > iv.start && at >= valid) break;  // Lapsed before renewal.
+        if (at <= iv.start || at < valid) valid = std::max(valid, until);
+      }
+      iv.end = std::min(iv.end, valid);
+    }
+  }
+  return log;
+}
+
+class Pod {
+ public:
+  Pod(const std::string& redis, const std::string& id, const std::string& dir)
+      : id_(id), log_(dir + "/" + id + ".log") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::string lease = std::to_string(kLeaseMs);
+      std::string poll = std::to_string(kPollMs);
+      execl(SETPOINT_FAILOVER_POD, SETPOINT_FAILOVER_POD, redis.c_str(),
+            id.c_str(), log_.c_str(), lease.c_str(), poll.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~Pod() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+  const std::string& id() const { return id_; }
+  const std::string& log() const { return log_; }
+  int64_t death = INT64_MAX;
+
+ private:
+  std::string id_;
+  std::string log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// True when the nodes of `pods` together hold every shard, per their logs.
+bool Cover(const std::vector<Pod*>& pods) {
+  std::vector<bool> held(kRing, false);
+  int nodes = 0;
+  for (Pod* pod : pods) {
+    PodLog log = Parse(pod->log(), INT64_MAX);
+    for (const auto& [node, range] : log.current) {
+      if (range.Empty()) continue;
+      ++nodes;
+      for (uint32_t s = range.begin; s < range.end; ++s) held[s] = true;
+    }
+  }
+  return nodes == 2 * static_cast<int>(pods.size()) &&
+         std::all_of(held.begin(), held.end(), [](bool b) { return b; });
+}
+
+TEST(FailoverTest, KillPauseAndJoinNeverGiveAShardTwoOwners) {
+  RedisServer server;
+  SETPOINT_START_REDIS_OR_SKIP(server);
+  char tmpl[] = "/tmp/setpoint-failover-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  const absl::Duration wait = absl::Seconds(20);
+
+  Pod a(server.address(), "a", dir), b(server.address(), "b", dir),
+      c(server.address(), "c", dir);
+  ASSERT_TRUE(AwaitCondition([&] { return Cover({&a, &b, &c}); }, wait));
+
+  a.Signal(SIGKILL);
+  a.death = Now();
+  a.Wait();
+  ASSERT_TRUE(AwaitCondition([&] { return Cover({&b, &c}); }, wait));
+
+  b.Signal(SIGSTOP);
+  ASSERT_TRUE(AwaitCondition([&] { return Cover({&c}); }, wait))
+      << "c alone must take over from the frozen b";
+  b.Signal(SIGCONT);
+  ASSERT_TRUE(AwaitCondition([&] { return Cover({&b, &c}); }, wait));
+
+  Pod d(server.address(), "d", dir);
+  ASSERT_TRUE(AwaitCondition([&] { return Cover({&b, &c, &d}); }, wait));
+
+  for (Pod* p : {&b, &c, &d}) p->Signal(SIGTERM);
+  for (Pod* p : {&b, &c, &d}) {
+    int status = p->Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << p->id();
+    p->death = Now();
+  }
+
+  // Every interval of every pod, per shard.
+  std::vector<Interval> all[kRing];
+  for (Pod* p : {&a, &b, &c, &d}) {
+    PodLog log = Parse(p->log(), p->death);
+    for (uint32_t s = 0; s < kRing; ++s) {
+      for (const Interval& iv : log.intervals[s]) all[s].push_back(iv);
+    }
+  }
+  int64_t worst_takeover = 0;
+  for (uint32_t s = 0; s < kRing; ++s) {
+    auto& ivs = all[s];
+    std::sort(ivs.begin(), ivs.end(), [](const Interval& x, const Interval& y) {
+      return x.start < y.start;
+    });
+    ASSERT_FALSE(ivs.empty()) << "shard " << s << " never owned";
+    for (size_t i = 1; i < ivs.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (ivs[j].end <= ivs[j].start) continue;  // Never valid.
+        EXPECT_LE(ivs[j].end, ivs[i].start)
+            << "shard " << s << ": " << ivs[j].node << " (token "
+            << ivs[j].token << ") still owned it when " << ivs[i].node
+            << " (token " << ivs[i].token << ") started, by "
+            << (ivs[j].end - ivs[i].start) / 1000 << " us";
+      }
+      EXPECT_GT(ivs[i].token, ivs[i - 1].token)
+          << "shard " << s << ": tokens must grow";
+    }
+    // The killed pod's shards: owned again within lease + one poll.
+    for (const Interval& iv : ivs) {
+      if (iv.node.rfind("a/", 0) != 0 || iv.end != a.death) continue;
+      auto next = std::find_if(ivs.begin(), ivs.end(), [&](const Interval& o) {
+        return o.node.rfind("a/", 0) != 0 && o.start >= a.death;
+      });
+      ASSERT_NE(next, ivs.end()) << "shard " << s << " never taken over";
+      worst_takeover = std::max(worst_takeover, next->start - a.death);
+    }
+  }
+  RecordProperty("worst_takeover_ms",
+                 static_cast<int>(worst_takeover / 1'000'000));
+  std::printf(
+      "killed pod's shards owned again after at most %.1f ms "
+      "(lease %lld ms + poll %lld ms)\n",
+      worst_takeover / 1e6, static_cast<long long>(kLeaseMs),
+      static_cast<long long>(kPollMs));
+  EXPECT_LE(worst_takeover, (kLeaseMs + kPollMs + 100) * 1'000'000);
+}
+
+}  // namespace
+}  // namespace setpoint
