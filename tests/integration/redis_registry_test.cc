@@ -226,3 +226,102 @@ TEST(RedisOptionsTest, RefusesBadOptionsNamingTheField) {
 
 }  // namespace
 }  // namespace setpoint
+
+namespace setpoint {
+namespace {
+
+// A node that only remembers what it was told.
+class QuietNode : public Node {
+ public:
+  absl::Status Run(const Context& ctx) override {
+    (void)ctx.Wait(absl::InfiniteDuration());
+    return absl::OkStatus();
+  }
+  void UpdateShardRange(const Context&, const ShardAssignment&) override {}
+};
+
+class RedisNodeManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SETPOINT_START_REDIS_OR_SKIP(server_); }
+  NodeManager& StartPod(const std::string& pod) {
+    registries_.push_back(Registry(server_.address()));
+    pods_.push_back(std::make_unique<NodeManager>(NodeManagerOptions{
+        .pod_id = pod,
+        .kinds = {{.kind = "vm",
+                   .count = 2,
+                   .ring_size = 64,
+                   .factory =
+                       [](const NodeInfo&) {
+                         return std::make_unique<QuietNode>();
+                       }}},
+        .registry = registries_.back().get(),
+        .poll_interval = absl::Milliseconds(50),
+        .lease = absl::Milliseconds(400),
+        .operation_timeout = absl::Milliseconds(200),
+        .logger = NullLogger(),
+    }));
+    EXPECT_THAT(pods_.back()->Start(), IsOk());
+    return *pods_.back();
+  }
+  // The nodes of `pods` hold the whole ring between them.
+  static bool Covered(const std::vector<NodeManager*>& pods) {
+    uint32_t total = 0;
+    for (NodeManager* p : pods) {
+      for (const NodeState& n : p->Nodes()) total += n.active.range.size();
+    }
+    return total == 64;
+  }
+  static bool AllEmpty(NodeManager& pod) {
+    for (const NodeState& n : pod.Nodes()) {
+      if (!n.active.range.Empty()) return false;
+    }
+    return true;
+  }
+  void TearDown() override {
+    for (auto& p : pods_) p->Stop();
+  }
+  RedisServer server_;
+  std::vector<std::unique_ptr<RedisNodeRegistry>> registries_;
+  std::vector<std::unique_ptr<NodeManager>> pods_;
+};
+
+TEST_F(RedisNodeManagerTest, RedisRestartMakesEveryoneStartOver) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a, &b}); }));
+  ASSERT_THAT(server_.Restart(), IsOk());  // Empty memory: a new epoch.
+  ASSERT_TRUE(AwaitCondition([&] {
+    return a.stats().epoch_changes >= 1 && b.stats().epoch_changes >= 1;
+  }));
+  // Both fenced, then, one lease after the new epoch, share the ring again.
+  ASSERT_TRUE(AwaitCondition([&] {
+    return Covered({&a, &b}) && !AllEmpty(a) && !AllEmpty(b);
+  }));
+}
+
+TEST_F(RedisNodeManagerTest, UnreachableRedisFencesEveryoneThenRecovers) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a, &b}); }));
+  server_.Pause();  // Connections hang: every call times out.
+  ASSERT_TRUE(AwaitCondition([&] { return AllEmpty(a) && AllEmpty(b); }));
+  EXPECT_GE(a.stats().fences, 2);
+  EXPECT_GE(b.stats().fences, 2);
+  server_.Resume();
+  ASSERT_TRUE(AwaitCondition([&] {
+    return Covered({&a, &b}) && !AllEmpty(a) && !AllEmpty(b);
+  }));
+}
+
+TEST_F(RedisNodeManagerTest, GracefulLeaveHandsOverAtOnce) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a, &b}); }));
+  b.Stop();
+  // Well under one lease: the release is published, not waited out.
+  ASSERT_TRUE(
+      AwaitCondition([&] { return Covered({&a}); }, absl::Milliseconds(300)));
+}
+
+}  // namespace
+}  // namespace setpoint
