@@ -216,6 +216,7 @@ void NodeManager::Stop() {
 void NodeManager::Wake() {
   MutexLock l(&mu_);
   wake_ = true;
+  poll_needed_ = true;
   cv_.SignalAll();
 }
 
@@ -268,6 +269,11 @@ void NodeManager::Loop(std::stop_token stop) {
                               });
     waiting_ = false;
     wake_ = false;
+    // Woken only because a node returned from UpdateShardRange: act on the
+    // view of the last poll (kept up to date with our own releases and
+    // grants) instead of spending a round trip; a handoff then takes one
+    // round trip per step.
+    if (clock_->Now() >= next) poll_needed_ = true;
   }
   GracefulLeave();
 }
@@ -286,6 +292,26 @@ void NodeManager::Tick() {
     }
   }
   absl::Time sent = clock_->Now();
+  bool poll;
+  {
+    MutexLock l(&mu_);
+    poll = poll_needed_ || !last_view_.has_value();
+    poll_needed_ = false;
+  }
+  if (!poll) {
+    for (auto& [kind, view] : last_view_->kinds) {
+      for (auto& slot : slots_) {
+        if (slot->info.kind != kind) continue;
+        {
+          MutexLock l(&mu_);
+          if (!slot->registered) continue;
+        }
+        Step(*slot, view, last_targets_[kind][slot->info.id]);
+      }
+    }
+    SelfFence();
+    return;
+  }
   absl::StatusOr<PollResult> result;
   if (!request.kinds.empty()) {
     Context ctx =
@@ -317,7 +343,9 @@ void NodeManager::Tick() {
     options_.on_lease_renewed(sent + options_.lease - fence_margin_);
   }
   if (result.ok()) {
-    for (const auto& [kind, view] : result->kinds) {
+    last_view_ = std::move(*result);
+    last_targets_.clear();
+    for (auto& [kind, view] : last_view_->kinds) {
       uint32_t ring = kDefaultRingSize;
       for (const auto& k : options_.kinds) {
         if (k.kind == kind) ring = k.ring_size;
@@ -330,9 +358,13 @@ void NodeManager::Tick() {
           if (!slot->registered) continue;
         }
         auto it = targets.find(slot->info.id);
-        Step(*slot, view, it == targets.end() ? ShardRange{} : it->second);
+        ShardRange target = it == targets.end() ? ShardRange{} : it->second;
+        last_targets_[kind][slot->info.id] = target;
+        Step(*slot, view, target);
       }
     }
+  } else {
+    last_view_.reset();  // Act only on a fresh view once polls work again.
   }
   SelfFence();
 }
@@ -358,7 +390,7 @@ void NodeManager::SelfFence() {
   }
 }
 
-void NodeManager::Step(Slot& slot, const KindView& view, ShardRange target) {
+void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
   const std::string& id = slot.info.id;
   const std::string& kind = slot.info.kind;
   auto held_it = view.held.find(id);
@@ -403,6 +435,12 @@ void NodeManager::Step(Slot& slot, const KindView& view, ShardRange target) {
     absl::Status s = options_.registry->Release(ctx(), kind, id, active.range);
     MutexLock l(&mu_);
     if (s.ok()) {
+      // Keep the cached view true to what we just wrote.
+      if (active.range.Empty()) {
+        view.held.erase(id);
+      } else {
+        view.held[id] = ShardAssignment{active.range, held->token};
+      }
       ++stats_.releases;
       SPDLOG_LOGGER_INFO(logger_, "shard range released node={} kept={}", id,
                          active.range);
@@ -417,6 +455,8 @@ void NodeManager::Step(Slot& slot, const KindView& view, ShardRange target) {
     absl::Status s = options_.registry->Deregister(ctx(), kind, {id});
     MutexLock l(&mu_);
     if (s.ok()) {
+      view.held.erase(id);
+      poll_needed_ = true;
       slot.registered = false;
       slot.restart_ok = true;
       cv_.SignalAll();
@@ -431,6 +471,7 @@ void NodeManager::Step(Slot& slot, const KindView& view, ShardRange target) {
         options_.registry->Grant(ctx(), kind, id, target);
     MutexLock l(&mu_);
     if (token.ok()) {
+      view.held[id] = ShardAssignment{target, *token};
       ++stats_.grants;
       SPDLOG_LOGGER_INFO(logger_,
                          "shard range granted node={} range={} token={}", id,
@@ -554,6 +595,7 @@ void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
     slot.failed = false;
     slot.restart_ok = false;
     slot.registered = true;
+    poll_needed_ = true;
     wake_ = true;
     cv_.SignalAll();
   }

@@ -35,7 +35,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,7 +171,8 @@ class NodeManager {
   // Gives every working node the empty range once the last renewal that
   // succeeded is too old.
   void SelfFence();
-  void Step(Slot& slot, const KindView& view, ShardRange target);
+  // One node's next move; `view` is updated with our own writes.
+  void Step(Slot& slot, KindView& view, ShardRange target);
   void Deliver(Slot& slot, ShardAssignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,6 +194,12 @@ class NodeManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // The next tick must poll (interval passed, or the registry changed);
+  // otherwise it acts on last_view_.
+  bool poll_needed_ ABSL_GUARDED_BY(mu_) = true;
+  // Protocol thread only: the last poll's view and targets.
+  std::optional<PollResult> last_view_;
+  std::map<std::string, std::map<std::string, ShardRange>> last_targets_;
   // The loop is blocked until wait_until_ (for Idle()).
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time wait_until_ ABSL_GUARDED_BY(mu_);

@@ -329,7 +329,6 @@ struct RedisNodeRegistry::Impl {
   RedisScript grant ABSL_GUARDED_BY(mu){std::string(kPrelude) + kGrantScript};
   RedisScript deregister ABSL_GUARDED_BY(mu){std::string(kPrelude) +
                                              kDeregisterScript};
-  const std::string fresh_epoch = RandomEpoch();
 
   // Subscriber thread only.
   RedisClient subscriber;
@@ -371,7 +370,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
   Impl& d = *impl_;
   std::vector<std::string> keys = {d.Key("epoch"), d.Key("grants_from")};
   std::vector<std::string> args = {
-      absl::StrCat(absl::ToInt64Milliseconds(request.lease)), d.fresh_epoch,
+      // A new id each time: the one written when Redis comes back empty
+      // must differ from every epoch anyone saw before.
+      absl::StrCat(absl::ToInt64Milliseconds(request.lease)), RandomEpoch(),
       d.channel, absl::StrCat(request.kinds.size())};
   std::vector<std::string> kinds;
   for (const auto& [kind, ids] : request.kinds) {

@@ -1,0 +1,289 @@
+// registry_bench: measures the shard handoff over a real redis-server that
+// it starts itself (unix socket in a temporary directory, no persistence).
+//
+//   build/release/bench/registry_bench            # full run, about a minute
+//   build/release/bench/registry_bench --quick    # a few seconds (CI smoke)
+//
+// It prints one line per measurement:
+//   graceful leave   time from Stop() of one pod until the other pod's nodes
+//                    own every shard again (p50/p99/max over the runs)
+//   graceful join    time from Start() of a second pod until the ring is
+//                    split between both pods' nodes
+//   crash failover   a pod's registry calls stop (as if the process died);
+//                    time until the other pod owns everything (defaults:
+//                    lease 3 s, poll 500 ms)
+//   steady cost      Redis commands per pod and per node per second, and
+//                    Redis CPU, with 100 pods of 10 nodes (1,000 nodes)
+// Exit code 1 if a run does not converge.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "integration/redis_server.h"
+#include "registry/redis/redis_client.h"
+#include "setpoint/node/node_manager.h"
+#include "setpoint/registry/redis_node_registry.h"
+#include "setpoint/testing/faulty_node_registry.h"
+#include "setpoint/testing/null_logger.h"
+
+namespace setpoint {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kRing = 4096;
+
+// Counts the shards owned by the nodes that report to it, and wakes waiters
+// on every change.
+class Coverage {
+ public:
+  void Set(const std::string& node, ShardRange r) {
+    std::lock_guard l(mu_);
+    ranges_[node] = r;
+    cv_.notify_all();
+  }
+  // Waits until the nodes whose id starts with one of `prefixes` own the
+  // whole ring, each node a non-empty range. Returns false after `timeout`.
+  bool AwaitCovered(const std::vector<std::string>& prefixes, int nodes,
+                    std::chrono::milliseconds timeout) {
+    std::unique_lock l(mu_);
+    return cv_.wait_for(l, timeout, [&] {
+      uint32_t total = 0;
+      int active = 0;
+      for (const auto& [id, r] : ranges_) {
+        bool mine = false;
+        for (const auto& p : prefixes) mine = mine || id.rfind(p, 0) == 0;
+        if (!mine || r.Empty()) continue;
+        total += r.size();
+        ++active;
+      }
+      return total == kRing && active == nodes;
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, ShardRange> ranges_;
+};
+
+class BenchNode : public Node {
+ public:
+  BenchNode(std::string id, Coverage* coverage)
+      : id_(std::move(id)), coverage_(coverage) {}
+  absl::Status Run(const Context& ctx) override {
+    (void)ctx.Wait(absl::InfiniteDuration());
+    return absl::OkStatus();
+  }
+  void UpdateShardRange(const Context&, const ShardAssignment& a) override {
+    coverage_->Set(id_, a.range);
+  }
+
+ private:
+  std::string id_;
+  Coverage* coverage_;
+};
+
+struct Pod {
+  std::unique_ptr<NodeRegistry> registry;
+  std::unique_ptr<testing::FaultyNodeRegistry> faulty;
+  std::unique_ptr<NodeManager> manager;
+};
+
+std::unique_ptr<Pod> MakePod(const std::string& address, const std::string& id,
+                             int nodes, Coverage* coverage,
+                             absl::Duration lease, absl::Duration poll) {
+  auto pod = std::make_unique<Pod>();
+  auto registry = RedisNodeRegistry::Create(
+      {.address = address, .ns = "bench", .logger = testing::NullLogger()});
+  if (!registry.ok()) return nullptr;
+  pod->registry = std::move(*registry);
+  pod->faulty =
+      std::make_unique<testing::FaultyNodeRegistry>(pod->registry.get());
+  pod->manager = std::make_unique<NodeManager>(NodeManagerOptions{
+      .pod_id = id,
+      .kinds = {{.kind = "work",
+                 .count = nodes,
+                 .ring_size = kRing,
+                 .factory =
+                     [coverage](const NodeInfo& info) {
+                       return std::make_unique<BenchNode>(info.id, coverage);
+                     }}},
+      .registry = pod->faulty.get(),
+      .poll_interval = poll,
+      .lease = lease,
+      .logger = testing::NullLogger(),
+  });
+  if (!pod->manager->Start().ok()) return nullptr;
+  return pod;
+}
+
+double Ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+void Report(const char* what, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  auto at = [&](double q) {
+    return ms[std::min(ms.size() - 1, static_cast<size_t>(q * ms.size()))];
+  };
+  std::printf("%-16s runs=%-3zu p50=%8.2f ms  p99=%8.2f ms  max=%8.2f ms\n",
+              what, ms.size(), at(0.5), at(0.99), ms.back());
+}
+
+// Redis's own counters: total commands processed and CPU seconds used.
+struct RedisStats {
+  int64_t commands = 0;     // Including those run inside scripts.
+  int64_t round_trips = 0;  // Commands sent by clients (scripts count once).
+  double cpu = 0;
+};
+RedisStats ReadStats(const std::string& address) {
+  auto endpoint = redis::ParseRedisAddress(address);
+  redis::RedisClient client(*endpoint, {}, testing::NullLogger());
+  RedisStats s;
+  auto reply = client.Command({"INFO", "all"});
+  if (!reply.ok()) return s;
+  for (absl::string_view line : absl::StrSplit(reply->str, "\r\n")) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits(':', 1));
+    double cpu = 0;
+    if (absl::StartsWith(kv.first, "cmdstat_")) {
+      // cmdstat_evalsha:calls=12,usec=...; count what clients sent.
+      std::string name(kv.first.substr(8));
+      int64_t calls = 0;
+      absl::string_view rest = kv.second;
+      if (absl::ConsumePrefix(&rest, "calls=") &&
+          absl::SimpleAtoi(rest.substr(0, rest.find(',')), &calls) &&
+          (name == "evalsha" || name == "eval" || name == "script" ||
+           name == "subscribe" || name == "info")) {
+        s.round_trips += calls;
+      }
+    } else if (kv.first == "total_commands_processed") {
+      (void)absl::SimpleAtoi(kv.second, &s.commands);
+    } else if ((kv.first == "used_cpu_sys" || kv.first == "used_cpu_user") &&
+               absl::SimpleAtod(kv.second, &cpu)) {
+      s.cpu += cpu;
+    }
+  }
+  return s;
+}
+
+int Main(bool quick) {
+  testing::RedisServer server;
+  if (absl::Status s = server.Start(); !s.ok()) {
+    std::fprintf(stderr, "registry_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const std::string address = server.address();
+  const auto timeout = std::chrono::milliseconds(20'000);
+  const absl::Duration lease = absl::Seconds(3);
+  const absl::Duration poll = absl::Milliseconds(500);
+  Coverage coverage;
+
+  // A warm namespace: the first pod waits out the new epoch once.
+  auto a = MakePod(address, "a", 2, &coverage, lease, poll);
+  if (a == nullptr || !coverage.AwaitCovered({"a/"}, 2, timeout)) {
+    std::fprintf(stderr, "first pod did not converge\n");
+    return 1;
+  }
+
+  const int runs = quick ? 5 : 100;
+  std::vector<double> join, leave;
+  for (int i = 0; i < runs; ++i) {
+    std::string id = "b" + std::to_string(i);
+    auto start = Clock::now();
+    auto b = MakePod(address, id, 2, &coverage, lease, poll);
+    if (b == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
+      std::fprintf(stderr, "join %d did not converge\n", i);
+      return 1;
+    }
+    join.push_back(Ms(Clock::now() - start));
+    start = Clock::now();
+    b->manager->Stop();
+    if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
+      std::fprintf(stderr, "leave %d did not converge\n", i);
+      return 1;
+    }
+    leave.push_back(Ms(Clock::now() - start));
+  }
+  Report("graceful join", join);
+  Report("graceful leave", leave);
+
+  std::vector<double> crash;
+  for (int i = 0; i < (quick ? 1 : 5); ++i) {
+    std::string id = "c" + std::to_string(i);
+    auto c = MakePod(address, id, 2, &coverage, lease, poll);
+    if (c == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
+      std::fprintf(stderr, "crash setup %d did not converge\n", i);
+      return 1;
+    }
+    auto start = Clock::now();
+    c->faulty->SetDown(true);  // From now on it is dead to the registry.
+    if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
+      std::fprintf(stderr, "crash %d did not converge\n", i);
+      return 1;
+    }
+    crash.push_back(Ms(Clock::now() - start));
+  }
+  Report("crash failover", crash);
+  a->manager->Stop();
+
+  // Steady state: 100 pods x 10 nodes on one redis-server.
+  const int pods = quick ? 10 : 100, per_pod = 10;
+  std::vector<std::unique_ptr<Pod>> fleet;
+  std::vector<std::string> prefixes;
+  auto start = Clock::now();
+  for (int i = 0; i < pods; ++i) {
+    std::string id = "p" + std::to_string(i);
+    fleet.push_back(MakePod(address, id, per_pod, &coverage, lease, poll));
+    prefixes.push_back(id + "/");
+    if (fleet.back() == nullptr) return 1;
+  }
+  if (!coverage.AwaitCovered(prefixes, pods * per_pod,
+                             std::chrono::milliseconds(120'000))) {
+    std::fprintf(stderr, "fleet did not converge\n");
+    return 1;
+  }
+  std::printf("fleet converged  pods=%d nodes=%d in %.0f ms\n", pods,
+              pods * per_pod, Ms(Clock::now() - start));
+  const double window = quick ? 2.0 : 10.0;
+  RedisStats before = ReadStats(address);
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(window));
+  RedisStats after = ReadStats(address);
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  // One INFO of ours falls in the window; leave it out.
+  double rts = (after.round_trips - before.round_trips - 1) / seconds;
+  double cps = (after.commands - before.commands - 1) / seconds;
+  std::printf(
+      "steady cost      pods=%d nodes=%d round trips/s=%.1f per pod=%.2f "
+      "per node=%.3f (commands incl. inside scripts: %.0f/s) redis "
+      "cpu=%.1f%%\n",
+      pods, pods * per_pod, rts, rts / pods, rts / (pods * per_pod), cps,
+      100.0 * (after.cpu - before.cpu) / seconds);
+  for (auto& p : fleet) p->manager->Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace setpoint
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  return setpoint::Main(quick);
+}
