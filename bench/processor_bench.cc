@@ -1,5 +1,6 @@
 // Benchmarks for the Processor's Runner: events per second from one and two
-// producer threads through a started runner, and timers scheduled and fired.
+// producer threads through a started runner, and timers scheduled and fired
+// (or cancelled).
 //
 //   build/release/bench/processor_bench --benchmark_repetitions=5
 //
@@ -87,6 +88,34 @@ void BM_RunnerTimers(benchmark::State& state) {
   state.SetItemsProcessed(fired);
 }
 BENCHMARK(BM_RunnerTimers)->Unit(benchmark::kMillisecond);
+
+// Schedules 1M timers and cancels them all through their handles (manual
+// mode): timeouts that are cancelled because the awaited thing came first.
+// Items are timers scheduled and cancelled.
+void BM_RunnerTimersCancelled(benchmark::State& state) {
+  constexpr int64_t kTimers = 1'000'000;
+  int64_t cancelled = 0;
+  for (auto _ : state) {
+    testing::SimulatedClock clock;
+    Runner runner({.name = "bench",
+                   .clock = &clock,
+                   .logger = ::setpoint::testing::NullLogger()});
+    std::vector<TimerHandle> handles;
+    handles.reserve(kTimers);
+    for (int64_t i = 0; i < kTimers; ++i) {
+      handles.push_back(
+          *runner.PostAfter(absl::Microseconds((i * 7919) % 1'000'000), [] {}));
+    }
+    for (TimerHandle& h : handles) cancelled += h.Cancel() ? 1 : 0;
+    clock.AdvanceTime(absl::Seconds(1));
+    if (runner.RunUntilIdle() != 0) {
+      state.SkipWithError("a cancelled timer fired");
+      break;
+    }
+  }
+  state.SetItemsProcessed(cancelled);
+}
+BENCHMARK(BM_RunnerTimersCancelled)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace setpoint

@@ -4,31 +4,181 @@
 #include <time.h>
 
 #include <algorithm>
+#include <bit>
 #include <exception>
-#include <queue>
+#include <new>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/base/optimization.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/spdlog.h"
 
+// Design.
+//
+// Events go through an unbounded multi-producer, single-consumer queue of
+// fixed-size segments. The queue has one global position counter, `tail`: a
+// producer claims the position `tail` holds with a compare-and-swap, writes
+// the closure into that slot of the segment `tail_seg` points to, and
+// publishes it by storing position + 1 in the slot's `ready` (release). The
+// last position of a segment is a marker: the producer that claims the
+// segment's last slot links a new segment (allocated before claiming, so the
+// others wait for it only a few instructions), points `tail_seg` at it and
+// moves `tail` past the marker. A claim only succeeds while `tail` still
+// holds the position the producer read before loading `tail_seg`, so the
+// segment it writes to is the one holding that position, and that segment
+// cannot be recycled before the producer publishes its slot. Positions only
+// grow, so none is seen twice (no ABA), and a pooled segment's old `ready`
+// values never match a new position. The consumer (the runner's thread, or
+// the owner in manual mode) reads slots in order without writing to them,
+// moves each closure out before running it, and pools a segment once it has
+// read all of its slots. One thread's posts keep their order, and a post
+// that happens after another is claimed after it.
+//
+// Stop() sets the top bit of `tail` (kClosed): claims fail from then on, and
+// the events to run (or drop) are exactly the positions below it.
+//
+// Sleeping: the runner sets `sleeping` and then reads `tail`; a producer
+// claims with a sequentially consistent RMW on `tail` and, after publishing,
+// reads `sleeping`. In the single total order of these operations either the
+// runner sees the claim (and does not sleep) or the producer sees the flag
+// (and wakes the runner under the mutex). Producers pay for a wake-up only
+// when the runner sleeps. Before sleeping the runner spins a little, backing
+// off, and while a producer is ahead it reads a few cache lines behind it,
+// so the two cores do not trade the lines being written.
+//
+// Timers live in a table of slots (closure, origin, posting number and
+// state) under the mutex; a binary min-heap of small entries (time, posting
+// number, slot) orders them, ties by posting order. Cancel() destroys the
+// closure and marks the slot; its heap entry is dropped when it comes up (or
+// when such entries outnumber live ones). When many timers are due at once
+// they are taken out of the heap in one pass and radix-sorted rather than
+// popped one by one. Due timers are taken and run in batches, so Cancel()
+// and PostAt() never wait long for the mutex.
+
 namespace setpoint {
 namespace {
 
-struct Queued {
-  Runner::Event event;
+using Event = Runner::Event;
+
+// Positions per segment: kSlots slots and the marker.
+constexpr uint64_t kLap = 512;
+constexpr uint64_t kSlots = kLap - 1;
+constexpr uint64_t kClosed = uint64_t{1} << 63;
+// Segments kept for reuse, per runner.
+constexpr size_t kPooledSegments = 4;
+// How far ahead of the head the idle runner looks first (slots).
+constexpr uint64_t kLookahead = 32;
+// Events run between looks at the timers.
+constexpr int64_t kBatch = 1024;
+
+struct EventSlot {
+  alignas(Event) unsigned char storage[sizeof(Event)];
+  const char* origin;
+  // Position + 1 once the event at that position is published. Anything
+  // else (0, or a position of an earlier use of a pooled segment) means not
+  // yet, so the consumer never writes to a segment's slots.
+  std::atomic<uint64_t> ready{0};
+
+  Event* event() { return std::launder(reinterpret_cast<Event*>(storage)); }
+};
+
+struct Segment {
+  EventSlot slots[kSlots];
+  std::atomic<Segment*> next{nullptr};
+};
+
+// A timer slot's state, in the low bits of its tag.
+constexpr uint64_t kFree = 0;
+constexpr uint64_t kPending = 1;
+constexpr uint64_t kCancelled = 2;
+constexpr uint64_t kStateMask = 3;
+
+// Chunks of slots are allocated uninitialized; slots past the table's count
+// are never read.
+struct TimerSlot {
+  // The closure lives here while the slot is pending, and only then.
+  alignas(Event) unsigned char storage[sizeof(Event)];
+  const char* origin;
+  // (posting number << 2) | state while it holds a timer (handles check it);
+  // (next free slot << 2) | kFree when free.
+  uint64_t tag;
+
+  Event* event() { return std::launder(reinterpret_cast<Event*>(storage)); }
+  // Moves the closure out and ends the pending state's object.
+  Event TakeEvent() {
+    Event e(std::move(*event()));
+    event()->~Event();
+    return e;
+  }
+};
+
+struct TimerEntry {
+  absl::Time when;
+  uint64_t seq;  // Ties broken by posting order.
+  // A slot index; 64 bits so that the entry is 32 bytes without padding,
+  // which the heap moves as two whole 16-byte words.
+  uint64_t slot;
+};
+
+// Heap order for std::push_heap and friends: the earliest on top.
+struct Later {
+  bool operator()(const TimerEntry& a, const TimerEntry& b) const {
+    return a.when != b.when ? a.when > b.when : a.seq > b.seq;
+  }
+};
+
+// A due timer keyed for the radix sort.
+struct DueKey {
+  uint64_t key;
+  uint32_t slot;
+  uint32_t seq;  // Posting number relative to the smallest sorted.
+};
+
+// Sorts `v` stably by the low `bits` bits of the keys, up to 11 bits a pass.
+void RadixSort(std::vector<DueKey>& v, std::vector<DueKey>& tmp, int bits) {
+  constexpr int kMaxDigit = 11;
+  const int passes = (bits + kMaxDigit - 1) / kMaxDigit;
+  if (passes == 0) return;
+  const int digit = (bits + passes - 1) / passes;
+  const size_t buckets = size_t{1} << digit;
+  std::vector<size_t> counts(static_cast<size_t>(passes) * buckets);
+  for (const DueKey& k : v) {
+    for (int p = 0; p < passes; ++p) {
+      ++counts[static_cast<size_t>(p) * buckets +
+               ((k.key >> (p * digit)) & (buckets - 1))];
+    }
+  }
+  tmp.resize(v.size());
+  for (int p = 0; p < passes; ++p) {
+    size_t* count = &counts[static_cast<size_t>(p) * buckets];
+    if (*std::max_element(count, count + buckets) == v.size()) continue;
+    size_t sum = 0;
+    for (size_t b = 0; b < buckets; ++b) {
+      const size_t c = count[b];
+      count[b] = sum;
+      sum += c;
+    }
+    for (const DueKey& k : v) {
+      tmp[count[(k.key >> (p * digit)) & (buckets - 1)]++] = k;
+    }
+    v.swap(tmp);
+  }
+}
+
+struct Fired {
+  Fired(Event e, const char* o) : event(std::move(e)), origin(o) {}
+  Event event;
   const char* origin;
 };
 
-struct TimerKey {
-  absl::Time when;
-  uint64_t id;  // Ties broken by posting order.
-  bool operator>(const TimerKey& o) const {
-    return when != o.when ? when > o.when : id > o.id;
-  }
-};
+// Timers taken (and run) per look at the timers.
+constexpr size_t kTimerBatch = 256;
+
+constexpr uint32_t kChunkBits = 10;
+constexpr uint32_t kChunk = uint32_t{1} << kChunkBits;
+constexpr uint32_t kNoSlot = UINT32_MAX;
 
 // A monotonic reading of a few nanoseconds' cost (coarse: the kernel tick),
 // enough to find events that run for a hundred milliseconds.
@@ -38,35 +188,398 @@ int64_t CoarseNanos() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Waiting for another producer to finish linking a segment: spin briefly,
+// then give the core away (it may have been preempted).
+void Backoff(int& round) {
+  if (round < 16) {
+    for (int i = 0; i < (1 << (round / 4)); ++i) CpuRelax();
+  } else {
+    std::this_thread::yield();
+  }
+  ++round;
+}
+
 }  // namespace
 
 // The state producers and the runner share. Handles keep it alive through a
 // weak_ptr, so cancelling after the Runner is gone is safe.
 struct TimerHandle::Shared {
+  ~Shared() { ReleaseMemory(); }
+
+  // Producers' line.
+  alignas(64) std::atomic<uint64_t> tail{0};
+  std::atomic<Segment*> tail_seg{nullptr};
+  std::atomic<bool> sleeping{false};  // The runner sleeps (or is about to).
+
+  // The consumer's line: the runner's thread, or the owner in manual mode
+  // (Start() and join() hand it over).
+  alignas(64) uint64_t head = 0;
+  Segment* head_seg = nullptr;
+  std::atomic<int64_t> events_run{0};
+  std::atomic<int64_t> events_threw{0};
+  std::atomic<int64_t> slow_events{0};
+  std::atomic<bool> has_timers{false};  // Hint: timers are pending.
+  std::vector<Fired> fired_cache;       // Capacity kept between batches.
+
+  alignas(64) Mutex pool_mu;
+  std::vector<Segment*> pool ABSL_GUARDED_BY(pool_mu);
+
   Mutex mu;
   CondVar cv;
-  std::vector<Queued> queue ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool waiting ABSL_GUARDED_BY(mu) = false;  // The runner sleeps on cv.
-  bool wake ABSL_GUARDED_BY(mu) = false;     // A new earliest timer or stop.
-  std::priority_queue<TimerKey, std::vector<TimerKey>, std::greater<>> heap
-      ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, Queued> timers ABSL_GUARDED_BY(mu);
-  uint64_t next_timer_id ABSL_GUARDED_BY(mu) = 1;
-  RunnerStats stats ABSL_GUARDED_BY(mu);
+  bool wake ABSL_GUARDED_BY(mu) = false;  // Work, a new earliest timer, stop.
+  std::vector<TimerEntry> heap ABSL_GUARDED_BY(mu);
+  // Due timers taken from the heap in bulk, in firing order; those from
+  // due_pos on are still to fire.
+  std::vector<TimerEntry> due ABSL_GUARDED_BY(mu);
+  size_t due_pos ABSL_GUARDED_BY(mu) = 0;
+  size_t pops_in_burst ABSL_GUARDED_BY(mu) = 0;  // Due entries popped.
+  std::vector<DueKey> keys ABSL_GUARDED_BY(mu);  // SortDue's scratch.
+  std::vector<DueKey> scratch ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<TimerSlot[]>> chunks ABSL_GUARDED_BY(mu);
+  uint32_t slot_count ABSL_GUARDED_BY(mu) = 0;
+  uint32_t free_slot ABSL_GUARDED_BY(mu) = kNoSlot;
+  int64_t live_timers ABSL_GUARDED_BY(mu) = 0;   // Pending slots.
+  int64_t dead_entries ABSL_GUARDED_BY(mu) = 0;  // Of cancelled timers.
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;
+  RunnerStats stats ABSL_GUARDED_BY(mu);  // The timer counts, events_dropped.
+
+  // --- Event queue ---
+
+  Segment* NewSegment() {
+    {
+      MutexLock l(&pool_mu);
+      if (!pool.empty()) {
+        Segment* s = pool.back();
+        pool.pop_back();
+        return s;
+      }
+    }
+    return new Segment;  // Slots uninitialized but for `ready`.
+  }
+
+  // `s` has no published slot left unread and no producer writing to it.
+  void PoolSegment(Segment* s) {
+    s->next.store(nullptr, std::memory_order_relaxed);
+    {
+      MutexLock l(&pool_mu);
+      if (pool.size() < kPooledSegments) {
+        pool.push_back(s);
+        return;
+      }
+    }
+    delete s;
+  }
+
+  // Consumer: true when no position was claimed past the head (claimed but
+  // unpublished slots count as work). Sequentially consistent: see above.
+  bool QueueEmpty() const {
+    return (tail.load(std::memory_order_seq_cst) & ~kClosed) == head;
+  }
+
+  // Consumer: whether the slot `ahead` places past the head (or the last of
+  // the head's segment) is published; `*pos` is its position.
+  bool PublishedAhead(uint64_t ahead, uint64_t* pos) const {
+    const uint64_t offset = head & (kLap - 1);
+    const uint64_t at = std::min(offset + ahead, kSlots - 1);
+    *pos = head - offset + at;
+    return head_seg->slots[at].ready.load(std::memory_order_acquire) ==
+           *pos + 1;
+  }
+
+  // Consumer: the head slot if it is published, else null.
+  EventSlot* HeadSlot() {
+    EventSlot& slot = head_seg->slots[head & (kLap - 1)];
+    return slot.ready.load(std::memory_order_acquire) == head + 1 ? &slot
+                                                                  : nullptr;
+  }
+
+  // Consumer: moves past the head slot (its event already moved out).
+  void AdvanceHead() {
+    ++head;
+    if (ABSL_PREDICT_FALSE((head & (kLap - 1)) == kSlots)) {
+      // The producer of the last slot linked the next segment before it
+      // published the slot.
+      Segment* next = head_seg->next.load(std::memory_order_acquire);
+      PoolSegment(head_seg);
+      head_seg = next;
+      ++head;  // Past the marker.
+    }
+  }
+
+  void ReleaseMemory() {
+    for (Segment* s = head_seg; s != nullptr;) {
+      Segment* next = s->next.load(std::memory_order_relaxed);
+      delete s;
+      s = next;
+    }
+    head_seg = nullptr;
+    tail_seg.store(nullptr, std::memory_order_relaxed);
+    MutexLock l(&pool_mu);
+    for (Segment* s : pool) delete s;
+    pool.clear();
+  }
+
+  // --- Timers ---
+
+  TimerSlot& Slot(uint32_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return chunks[i >> kChunkBits][i & (kChunk - 1)];
+  }
+
+  uint32_t AllocSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (free_slot != kNoSlot) {
+      uint32_t i = free_slot;
+      free_slot = static_cast<uint32_t>(Slot(i).tag >> 2);
+      return i;
+    }
+    if (slot_count == chunks.size() * kChunk) {
+      chunks.push_back(std::make_unique_for_overwrite<TimerSlot[]>(kChunk));
+    }
+    return slot_count++;
+  }
+
+  void FreeSlot(uint32_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Slot(i).tag = (uint64_t{free_slot} << 2) | kFree;
+    free_slot = i;
+  }
+
+  bool Pending(const TimerEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return (Slot(static_cast<uint32_t>(e.slot)).tag & kStateMask) == kPending;
+  }
+
+  // The entry for slot `i` left the heap (or the due list): fires the timer
+  // or forgets it.
+  void TakeSlot(uint32_t i, std::vector<Fired>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    TimerSlot& ts = Slot(i);
+    if ((ts.tag & kStateMask) == kPending) {
+      out.emplace_back(ts.TakeEvent(), ts.origin);
+      --live_timers;
+      ++stats.timers_fired;
+    } else {
+      --dead_entries;
+    }
+    FreeSlot(i);
+  }
+
+  // Moves up to `max` timers due at `now` to `out`, by time, ties by posting
+  // order.
+  void TakeDueTimers(absl::Time now, std::vector<Fired>& out, size_t max)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (out.size() < max) {
+      const bool heap_due = !heap.empty() && heap.front().when <= now;
+      const bool listed = due_pos < due.size();
+      if (!heap_due) {
+        pops_in_burst = 0;
+        if (!listed) break;
+      } else if (!listed && pops_in_burst >= 64 &&
+                 pops_in_burst * 256 >= heap.size()) {
+        // Many are due at once: one pass over the heap and a sort cost less
+        // than popping them one by one. (The pass costs at most 256 times
+        // the pops made before it.)
+        auto mid =
+            std::partition(heap.begin(), heap.end(),
+                           [now](const TimerEntry& e) { return e.when > now; });
+        due.assign(mid, heap.end());
+        due_pos = 0;
+        SortDue();
+        heap.erase(mid, heap.end());
+        std::make_heap(heap.begin(), heap.end(), Later());
+        pops_in_burst = 0;
+        continue;
+      }
+      if (heap_due && (!listed || Later()(due[due_pos], heap.front()))) {
+        const auto slot = static_cast<uint32_t>(heap.front().slot);
+        std::pop_heap(heap.begin(), heap.end(), Later());
+        heap.pop_back();
+        ++pops_in_burst;
+        TakeSlot(slot, out);
+      } else {
+        if (due_pos + 16 < due.size()) {
+          const TimerSlot* ahead =
+              &Slot(static_cast<uint32_t>(due[due_pos + 16].slot));
+          __builtin_prefetch(ahead, 1);
+          __builtin_prefetch(reinterpret_cast<const char*>(ahead + 1) - 1, 1);
+        }
+        TakeSlot(static_cast<uint32_t>(due[due_pos++].slot), out);
+      }
+    }
+    if (due_pos == due.size() && !due.empty()) ClearDue();
+    UpdateHasTimers();
+  }
+
+  // Sorts `due` by time, ties by posting order. When every time is a whole
+  // number of nanoseconds and the posting numbers span less than 2^32, a
+  // radix sort on the time (stable: equal times then sorted by posting
+  // number) does it without the comparison sort's branch misses.
+  void SortDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto earlier = [](const TimerEntry& a, const TimerEntry& b) {
+      return Later()(b, a);
+    };
+    if (due.size() < 1024) {
+      std::sort(due.begin(), due.end(), earlier);
+      return;
+    }
+    uint64_t min_ns = UINT64_MAX, max_ns = 0;  // Biased: ordered unsigned.
+    uint64_t min_seq = UINT64_MAX, max_seq = 0;
+    bool exact = true;
+    // Whether the times differ by whole microseconds or milliseconds only
+    // (common): fewer bits to sort on.
+    const uint64_t first_ns =
+        static_cast<uint64_t>(absl::ToUnixNanos(due[0].when));
+    bool whole_us = true, whole_ms = true;
+    keys.resize(due.size());
+    for (size_t i = 0; i < due.size(); ++i) {
+      const TimerEntry& e = due[i];
+      const int64_t signed_ns = absl::ToUnixNanos(e.when);
+      exact &= absl::FromUnixNanos(signed_ns) == e.when;
+      const uint64_t ns = static_cast<uint64_t>(signed_ns);
+      whole_us &= (ns - first_ns) % 1000 == 0;
+      whole_ms &= (ns - first_ns) % 1'000'000 == 0;
+      const uint64_t biased = ns ^ (uint64_t{1} << 63);
+      min_ns = std::min(min_ns, biased);
+      max_ns = std::max(max_ns, biased);
+      min_seq = std::min(min_seq, e.seq);
+      max_seq = std::max(max_seq, e.seq);
+      keys[i] = DueKey{biased, static_cast<uint32_t>(e.slot), 0};
+    }
+    const uint64_t unit = whole_ms ? 1'000'000 : whole_us ? 1000 : 1;
+    const int time_bits = std::bit_width((max_ns - min_ns) / unit);
+    if (!exact || max_seq - min_seq > UINT32_MAX) {
+      std::sort(due.begin(), due.end(), earlier);
+      return;
+    }
+    for (size_t i = 0; i < due.size(); ++i) {
+      keys[i].key = (keys[i].key - min_ns) / unit;
+      keys[i].seq = static_cast<uint32_t>(due[i].seq - min_seq);
+    }
+    // By time (stable), then runs of equal times by posting number.
+    RadixSort(keys, scratch, time_bits);
+    for (auto run = keys.begin(); run != keys.end();) {
+      auto end = run + 1;
+      while (end != keys.end() && end->key == run->key) ++end;
+      if (end - run > 1) {
+        std::sort(run, end, [](const DueKey& a, const DueKey& b) {
+          return a.seq < b.seq;
+        });
+      }
+      run = end;
+    }
+    for (size_t i = 0; i < due.size(); ++i) {
+      const DueKey& k = keys[i];
+      const uint64_t ns = (min_ns + k.key * unit) ^ (uint64_t{1} << 63);
+      due[i] = TimerEntry{absl::FromUnixNanos(static_cast<int64_t>(ns)),
+                          min_seq + k.seq, k.slot};
+    }
+    keys.clear();
+    keys.shrink_to_fit();
+    scratch.clear();
+    scratch.shrink_to_fit();
+  }
+
+  void ClearDue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    due.clear();
+    due_pos = 0;
+    if (due.capacity() > 4096) due.shrink_to_fit();
+  }
+
+  void UpdateHasTimers() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    has_timers.store(!heap.empty() || due_pos < due.size(),
+                     std::memory_order_relaxed);
+  }
+
+  // The earliest time a timer may be due.
+  absl::Time NextTimer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::Time next = heap.empty() ? absl::InfiniteFuture() : heap.front().when;
+    if (due_pos < due.size()) next = std::min(next, due[due_pos].when);
+    return next;
+  }
+
+  // Drops the entries of cancelled timers once they are most of them.
+  void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const size_t entries = heap.size() + (due.size() - due_pos);
+    if (dead_entries < 1024 ||
+        static_cast<size_t>(dead_entries) * 2 < entries) {
+      return;
+    }
+    auto pending = [this](const TimerEntry& e) {
+      mu.AssertHeld();
+      return Pending(e);
+    };
+    auto dead = std::partition(heap.begin(), heap.end(), pending);
+    for (auto it = dead; it != heap.end(); ++it)
+      FreeSlot(static_cast<uint32_t>(it->slot));
+    heap.erase(dead, heap.end());
+    std::make_heap(heap.begin(), heap.end(), Later());
+    due.erase(due.begin(), due.begin() + static_cast<ptrdiff_t>(due_pos));
+    due_pos = 0;
+    dead = std::stable_partition(due.begin(), due.end(), pending);
+    for (auto it = dead; it != due.end(); ++it)
+      FreeSlot(static_cast<uint32_t>(it->slot));
+    due.erase(dead, due.end());
+    dead_entries = 0;
+    UpdateHasTimers();
+  }
+
+  // Stop: moves out every pending timer (the caller destroys them without
+  // the lock) and counts them as dropped; returns how many.
+  int64_t DropTimers(std::vector<Event>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const int64_t dropped = live_timers;
+    for (uint32_t i = 0; i < slot_count && live_timers > 0; ++i) {
+      TimerSlot& ts = Slot(i);
+      if ((ts.tag & kStateMask) == kPending) {
+        out.push_back(ts.TakeEvent());
+        --live_timers;
+      }
+    }
+    heap.clear();
+    heap.shrink_to_fit();
+    ClearDue();
+    // Handles cancelling later find no slot.
+    chunks.clear();
+    slot_count = 0;
+    free_slot = kNoSlot;
+    live_timers = 0;
+    dead_entries = 0;
+    UpdateHasTimers();
+    stats.timers_dropped += dropped;
+    return dropped;
+  }
+};
+
+struct Runner::Tally {
+  int64_t ran = 0;
+  int64_t threw = 0;
+  int64_t slow = 0;
+  int64_t threshold = INT64_MAX;  // Nanoseconds; INT64_MAX: not timed.
+  int64_t start = 0;
 };
 
 bool TimerHandle::Cancel() {
   std::shared_ptr<Shared> shared = shared_.lock();
   if (shared == nullptr) return false;
-  Queued cancelled;
+  Runner::Event cancelled;
   {
     MutexLock l(&shared->mu);
-    auto it = shared->timers.find(id_);
-    if (it == shared->timers.end()) return false;
-    cancelled = std::move(it->second);
-    shared->timers.erase(it);
+    if (slot_ >= shared->slot_count) return false;
+    TimerSlot& ts = shared->Slot(slot_);
+    if (ts.tag != ((id_ << 2) | kPending)) return false;
+    cancelled = ts.TakeEvent();
+    ts.tag = (id_ << 2) | kCancelled;
+    --shared->live_timers;
+    ++shared->dead_entries;
     ++shared->stats.timers_cancelled;
+    shared->MaybeCompact();
   }
   // The closure (and what it captured) is destroyed here, without the lock.
   return true;
@@ -81,9 +594,16 @@ Runner::Runner(RunnerOptions options)
       shared_(std::make_shared<TimerHandle::Shared>()) {
   if (logger_ == nullptr)
     logger_ = std::make_shared<spdlog::logger>("setpoint");
+  Segment* first = new Segment;
+  shared_->head_seg = first;
+  shared_->tail_seg.store(first, std::memory_order_release);
 }
 
-Runner::~Runner() { Stop(); }
+Runner::~Runner() {
+  Stop();
+  // Handles may keep the shared state alive; the queue is not needed.
+  shared_->ReleaseMemory();
+}
 
 absl::Status Runner::Start() {
   {
@@ -105,14 +625,14 @@ absl::Status Runner::Start() {
 }
 
 void Runner::Stop() {
-  std::vector<Queued> dropped;
-  int64_t dropped_timers = 0;
+  TimerHandle::Shared& s = *shared_;
   {
-    MutexLock l(&shared_->mu);
-    if (!shared_->stopping) {
-      shared_->stopping = true;
-      shared_->wake = true;
-      shared_->cv.SignalAll();
+    MutexLock l(&s.mu);
+    if (!s.stopping) {
+      s.stopping = true;
+      s.tail.fetch_or(kClosed, std::memory_order_seq_cst);
+      s.wake = true;
+      s.cv.SignalAll();
     }
   }
   if (thread_.joinable()) {
@@ -120,31 +640,91 @@ void Runner::Stop() {
     return;
   }
   // Manual mode: nothing runs after Stop(); say what is dropped.
+  const int64_t dropped = DropQueuedEvents();
+  std::vector<Event> timers;
+  int64_t dropped_timers = 0;
   {
-    MutexLock l(&shared_->mu);
-    dropped.swap(shared_->queue);
-    dropped_timers = static_cast<int64_t>(shared_->timers.size());
-    shared_->timers.clear();
-    shared_->heap = {};
-    shared_->stats.events_dropped += static_cast<int64_t>(dropped.size());
-    shared_->stats.timers_dropped += dropped_timers;
+    MutexLock l(&s.mu);
+    s.stats.events_dropped += dropped;
+    dropped_timers = s.DropTimers(timers);
   }
-  if (!dropped.empty() || dropped_timers > 0) {
+  timers.clear();  // Closures destroyed without the lock.
+  if (dropped > 0 || dropped_timers > 0) {
     SPDLOG_LOGGER_WARN(logger_,
                        "runner stopped with work left runner={} "
                        "events_dropped={} timers_dropped={}",
-                       name_, dropped.size(), dropped_timers);
+                       name_, dropped, dropped_timers);
   }
 }
 
-absl::Status Runner::Post(Event event, const char* origin) {
-  MutexLock l(&shared_->mu);
-  if (ABSL_PREDICT_FALSE(shared_->stopping)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "post to runner ", name_, " origin=", origin, ": runner stopped"));
+int64_t Runner::DropQueuedEvents() {
+  TimerHandle::Shared& s = *shared_;
+  if (s.head_seg == nullptr) return 0;
+  int64_t dropped = 0;
+  int round = 0;
+  // `tail` is closed: claims below it are published soon, none come after.
+  while (!s.QueueEmpty()) {
+    EventSlot* slot = s.HeadSlot();
+    if (slot == nullptr) {
+      Backoff(round);
+      continue;
+    }
+    Event event(std::move(*slot->event()));
+    slot->event()->~Event();
+    s.AdvanceHead();
+    ++dropped;
   }
-  shared_->queue.push_back(Queued{std::move(event), origin});
-  if (shared_->waiting) shared_->cv.Signal();
+  return dropped;
+}
+
+absl::Status Runner::Post(Event event, const char* origin) {
+  TimerHandle::Shared& s = *shared_;
+  if (ABSL_PREDICT_FALSE(origin == nullptr)) origin = "event";
+  uint64_t t = s.tail.load(std::memory_order_acquire);
+  Segment* seg = s.tail_seg.load(std::memory_order_acquire);
+  Segment* fresh = nullptr;
+  uint64_t offset;
+  int round = 0;
+  while (true) {
+    if (ABSL_PREDICT_FALSE((t & kClosed) != 0)) {
+      if (fresh != nullptr) s.PoolSegment(fresh);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "post to runner ", name_, " origin=", origin, ": runner stopped"));
+    }
+    offset = t & (kLap - 1);
+    if (ABSL_PREDICT_FALSE(offset == kSlots)) {
+      // Another producer is linking the next segment.
+      Backoff(round);
+      t = s.tail.load(std::memory_order_acquire);
+      seg = s.tail_seg.load(std::memory_order_acquire);
+      continue;
+    }
+    if (ABSL_PREDICT_FALSE(offset + 1 == kSlots) && fresh == nullptr) {
+      fresh = s.NewSegment();  // Before claiming: others wait less.
+    }
+    if (ABSL_PREDICT_TRUE(s.tail.compare_exchange_weak(
+            t, t + 1, std::memory_order_seq_cst, std::memory_order_acquire))) {
+      break;
+    }
+    seg = s.tail_seg.load(std::memory_order_acquire);
+  }
+  if (ABSL_PREDICT_FALSE(offset + 1 == kSlots)) {
+    s.tail_seg.store(fresh, std::memory_order_release);
+    s.tail.fetch_add(1, std::memory_order_release);  // Past the marker.
+    seg->next.store(fresh, std::memory_order_release);
+  } else if (ABSL_PREDICT_FALSE(fresh != nullptr)) {
+    s.PoolSegment(fresh);
+  }
+  EventSlot& slot = seg->slots[offset];
+  ::new (static_cast<void*>(slot.storage)) Event(std::move(event));
+  slot.origin = origin;
+  slot.ready.store(t + 1, std::memory_order_release);
+  if (ABSL_PREDICT_FALSE(s.sleeping.load(std::memory_order_seq_cst)) &&
+      s.sleeping.exchange(false, std::memory_order_seq_cst)) {
+    MutexLock l(&s.mu);
+    s.wake = true;
+    s.cv.Signal();
+  }
   return absl::OkStatus();
 }
 
@@ -155,140 +735,211 @@ absl::StatusOr<TimerHandle> Runner::PostAfter(absl::Duration delay, Event event,
 
 absl::StatusOr<TimerHandle> Runner::PostAt(absl::Time when, Event event,
                                            const char* origin) {
-  MutexLock l(&shared_->mu);
-  if (shared_->stopping) {
-    return absl::FailedPreconditionError(absl::StrCat("post timer to runner ",
-                                                      name_, " origin=", origin,
-                                                      ": runner stopped"));
-  }
-  uint64_t id = shared_->next_timer_id++;
-  bool earliest = shared_->heap.empty() || when < shared_->heap.top().when;
-  shared_->heap.push(TimerKey{when, id});
-  shared_->timers.emplace(id, Queued{std::move(event), origin});
-  if (earliest && shared_->waiting) {
-    shared_->wake = true;
-    shared_->cv.Signal();
-  }
-  return TimerHandle(shared_, id);
-}
-
-absl::Time Runner::MoveDueTimers(absl::Time now) {
   TimerHandle::Shared& s = *shared_;
-  s.mu.AssertHeld();
-  while (!s.heap.empty()) {
-    const TimerKey& top = s.heap.top();
-    auto it = s.timers.find(top.id);
-    if (it == s.timers.end()) {  // Cancelled.
-      s.heap.pop();
-      continue;
+  uint64_t seq;
+  uint32_t slot;
+  {
+    MutexLock l(&s.mu);
+    if (ABSL_PREDICT_FALSE(s.stopping)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("post timer to runner ", name_, " origin=", origin,
+                       ": runner stopped"));
     }
-    if (top.when > now) return top.when;
-    s.queue.push_back(std::move(it->second));
-    s.timers.erase(it);
-    ++s.stats.timers_fired;
-    s.heap.pop();
+    seq = s.next_seq++;
+    slot = s.AllocSlot();
+    TimerSlot& ts = s.Slot(slot);
+    ::new (static_cast<void*>(ts.storage)) Event(std::move(event));
+    ts.origin = origin;
+    ts.tag = (seq << 2) | kPending;
+    ++s.live_timers;
+    const bool earliest = when < s.NextTimer();
+    s.heap.push_back(TimerEntry{when, seq, slot});
+    std::push_heap(s.heap.begin(), s.heap.end(), Later());
+    if (s.heap.size() == 1) s.has_timers.store(true, std::memory_order_relaxed);
+    if (earliest && s.waiting) {
+      s.wake = true;
+      s.cv.Signal();
+    }
   }
-  return absl::InfiniteFuture();
+  return TimerHandle(shared_, seq, slot);
 }
 
-int64_t Runner::RunBatch() {
-  std::vector<Queued> batch;
+void Runner::RunEvent(Event& event, const char* origin, Tally& tally) {
+  try {
+    std::move(event)();
+  } catch (const std::exception& e) {
+    ++tally.threw;
+    SPDLOG_LOGGER_ERROR(logger_, "event threw runner={} origin={} err=\"{}\"",
+                        name_, origin, e.what());
+  } catch (...) {
+    ++tally.threw;
+    SPDLOG_LOGGER_ERROR(
+        logger_,
+        "event threw runner={} origin={} err=\"a non-standard exception\"",
+        name_, origin);
+  }
+  ++tally.ran;
+  if (tally.threshold != INT64_MAX) {
+    int64_t end = CoarseNanos();
+    if (ABSL_PREDICT_FALSE(end - tally.start > tally.threshold)) {
+      ++tally.slow;
+      SPDLOG_LOGGER_WARN(logger_,
+                         "slow event on runner (IO on the runner?) runner={} "
+                         "origin={} took={}",
+                         name_, origin, absl::Nanoseconds(end - tally.start));
+    }
+    tally.start = end;
+  }
+}
+
+void Runner::Publish(const Tally& tally) {
+  // Single writer (the consumer): plain load and store, no RMW.
+  TimerHandle::Shared& s = *shared_;
+  auto add = [](std::atomic<int64_t>& counter, int64_t n) {
+    if (n != 0) {
+      counter.store(counter.load(std::memory_order_relaxed) + n,
+                    std::memory_order_release);
+    }
+  };
+  add(s.events_run, tally.ran);
+  add(s.events_threw, tally.threw);
+  add(s.slow_events, tally.slow);
+}
+
+int64_t Runner::RunDueTimers() {
+  TimerHandle::Shared& s = *shared_;
+  // A local vector: an event may call RunUntilIdle (manual mode) again.
+  std::vector<Fired> fired = std::move(s.fired_cache);
+  fired.clear();
   {
-    MutexLock l(&shared_->mu);
-    if (!shared_->timers.empty()) MoveDueTimers(clock_->Now());
-    batch.swap(shared_->queue);
-  }
-  int64_t threw = 0, slow = 0;
-  const int64_t threshold = slow_threshold_ > absl::ZeroDuration()
-                                ? absl::ToInt64Nanoseconds(slow_threshold_)
-                                : INT64_MAX;
-  int64_t start = threshold != INT64_MAX ? CoarseNanos() : 0;
-  for (Queued& q : batch) {
-    try {
-      std::move(q.event)();
-    } catch (const std::exception& e) {
-      ++threw;
-      SPDLOG_LOGGER_ERROR(logger_, "event threw runner={} origin={} err=\"{}\"",
-                          name_, q.origin, e.what());
-    } catch (...) {
-      ++threw;
-      SPDLOG_LOGGER_ERROR(
-          logger_,
-          "event threw runner={} origin={} err=\"a non-standard "
-          "exception\"",
-          name_, q.origin);
-    }
-    if (threshold != INT64_MAX) {
-      int64_t end = CoarseNanos();
-      if (ABSL_PREDICT_FALSE(end - start > threshold)) {
-        ++slow;
-        SPDLOG_LOGGER_WARN(logger_,
-                           "slow event on runner (IO on the runner?) runner={} "
-                           "origin={} took={}",
-                           name_, q.origin, absl::Nanoseconds(end - start));
-      }
-      start = end;
+    MutexLock l(&s.mu);
+    if (!s.heap.empty() || s.due_pos < s.due.size()) {
+      s.TakeDueTimers(clock_->Now(), fired, kTimerBatch);
     }
   }
-  // Closures are destroyed here, before the lock is taken again.
-  const int64_t ran = static_cast<int64_t>(batch.size());
-  batch.clear();
-  if (ran > 0) {
-    MutexLock l(&shared_->mu);
-    shared_->stats.events_run += ran;
-    shared_->stats.events_threw += threw;
-    shared_->stats.slow_events += slow;
+  if (fired.empty()) {
+    s.fired_cache = std::move(fired);
+    return 0;
   }
-  return ran;
+  Tally tally;
+  if (slow_threshold_ > absl::ZeroDuration()) {
+    tally.threshold = absl::ToInt64Nanoseconds(slow_threshold_);
+    tally.start = CoarseNanos();
+  }
+  for (Fired& f : fired) RunEvent(f.event, f.origin, tally);
+  Publish(tally);
+  fired.clear();  // The closures are destroyed here.
+  s.fired_cache = std::move(fired);
+  return tally.ran;
+}
+
+int64_t Runner::RunEvents(int64_t max, uint64_t lag) {
+  TimerHandle::Shared& s = *shared_;
+  Tally tally;
+  if (slow_threshold_ > absl::ZeroDuration()) {
+    tally.threshold = absl::ToInt64Nanoseconds(slow_threshold_);
+    tally.start = CoarseNanos();
+  }
+  uint64_t clear_below = 0;  // Positions below it are `lag` behind a producer.
+  while (tally.ran < max) {
+    if (lag != 0 && s.head >= clear_below) {
+      uint64_t pos;
+      if (!s.PublishedAhead(lag, &pos)) break;
+      clear_below = pos + 1;
+    }
+    EventSlot* slot = s.HeadSlot();
+    if (slot == nullptr) break;
+    // Moved out first: the event may post, stop (manual mode) or run
+    // RunUntilIdle, all of which may move the head.
+    Event event(std::move(*slot->event()));
+    slot->event()->~Event();
+    const char* origin = slot->origin;
+    s.AdvanceHead();
+    RunEvent(event, origin, tally);
+  }
+  Publish(tally);
+  return tally.ran;
+}
+
+bool Runner::AwaitWork(uint64_t* lag) {
+  TimerHandle::Shared& s = *shared_;
+  // Spin first, backing off: a producer that is posting keeps the runner
+  // awake without paying for wake-ups. At first the runner looks a few cache
+  // lines ahead of the head: when a producer got that far it reads, staying
+  // that far behind (`*lag`), so it does not pull the lines the producer
+  // is writing. Later it takes whatever is there.
+  for (int round = 0; round < 24; ++round) {
+    if (round < 12) {
+      for (int i = 0; i < (8 << (round / 2)); ++i) CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+    uint64_t pos;
+    if (round < 8 && s.PublishedAhead(kLookahead, &pos)) {
+      *lag = kLookahead;
+      return true;
+    }
+    if (round >= 8 && s.HeadSlot() != nullptr) {
+      *lag = 0;
+      return true;
+    }
+  }
+  *lag = 0;
+  s.mu.Lock();
+  if (s.stopping && s.QueueEmpty()) {
+    std::vector<Event> timers;
+    const int64_t dropped = s.DropTimers(timers);
+    s.mu.Unlock();
+    timers.clear();
+    if (dropped > 0) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "runner stopped with timers pending runner={} "
+                         "timers_dropped={}",
+                         name_, dropped);
+    }
+    return false;
+  }
+  const absl::Time next = s.NextTimer();
+  s.wake = false;
+  s.waiting = true;
+  s.sleeping.store(true, std::memory_order_seq_cst);
+  if (s.QueueEmpty()) {
+    clock_->AwaitWithDeadline(&s.mu, &s.cv, next, {}, [&s] {
+      s.mu.AssertHeld();
+      return s.wake || s.stopping;
+    });
+  }
+  s.sleeping.store(false, std::memory_order_relaxed);
+  s.waiting = false;
+  s.mu.Unlock();
+  return true;
 }
 
 void Runner::Loop() {
   current_.store(std::this_thread::get_id());
   TimerHandle::Shared& s = *shared_;
+  uint64_t lag = 0;
   while (true) {
-    {
-      MutexLock l(&s.mu);
-      while (true) {
-        absl::Time next = s.timers.empty() ? absl::InfiniteFuture()
-                                           : MoveDueTimers(clock_->Now());
-        if (!s.queue.empty()) break;
-        if (s.stopping) {
-          int64_t dropped = static_cast<int64_t>(s.timers.size());
-          s.stats.timers_dropped += dropped;
-          s.timers.clear();
-          s.heap = {};
-          if (dropped > 0) {
-            SPDLOG_LOGGER_WARN(logger_,
-                               "runner stopped with timers pending runner={} "
-                               "timers_dropped={}",
-                               name_, dropped);
-          }
-          current_.store(std::thread::id{});
-          return;
-        }
-        s.waiting = true;
-        s.wake = false;
-        clock_->AwaitWithDeadline(&s.mu, &s.cv, next, {}, [&s] {
-          s.mu.AssertHeld();
-          return !s.queue.empty() || s.wake;
-        });
-        s.waiting = false;
-      }
-    }
-    RunBatch();
+    int64_t ran = 0;
+    if (s.has_timers.load(std::memory_order_relaxed)) ran += RunDueTimers();
+    ran += RunEvents(kBatch, lag);
+    if (ran == 0 && !AwaitWork(&lag)) break;
   }
+  current_.store(std::thread::id{});
 }
 
 int64_t Runner::RunUntilIdle() {
   if (thread_.joinable()) return 0;
-  current_.store(std::this_thread::get_id());
+  const std::thread::id previous =
+      current_.exchange(std::this_thread::get_id());
   int64_t total = 0;
-  while (true) {
-    int64_t ran = RunBatch();
+  while (shared_->head_seg != nullptr) {
+    int64_t ran = RunDueTimers();
+    ran += RunEvents(kBatch, 0);
     if (ran == 0) break;
     total += ran;
   }
-  current_.store(std::thread::id{});
+  current_.store(previous);
   return total;
 }
 
@@ -297,8 +948,13 @@ bool Runner::IsCurrent() const {
 }
 
 RunnerStats Runner::stats() const {
-  MutexLock l(&shared_->mu);
-  return shared_->stats;
+  TimerHandle::Shared& s = *shared_;
+  MutexLock l(&s.mu);
+  RunnerStats stats = s.stats;
+  stats.events_run = s.events_run.load(std::memory_order_acquire);
+  stats.events_threw = s.events_threw.load(std::memory_order_acquire);
+  stats.slow_events = s.slow_events.load(std::memory_order_acquire);
+  return stats;
 }
 
 }  // namespace setpoint

@@ -1,8 +1,14 @@
 #include "setpoint/processor/runner.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -246,6 +252,353 @@ TEST(Runner, MoveOnlyClosures) {
               IsOk());
   runner.RunUntilIdle();
   EXPECT_EQ(seen, 42);
+}
+
+// Events go through segments of a few hundred slots; these tests post enough
+// to cross several segment boundaries.
+constexpr int kManyEvents = 5000;
+
+TEST(Runner, ManualModeKeepsOrderAcrossSegmentsIncludingNestedPosts) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  std::vector<int> order;
+  for (int i = 0; i < kManyEvents; ++i) {
+    ASSERT_THAT(runner.Post([&, i] {
+      order.push_back(i);
+      // Every tenth event posts one more, queued after all of these.
+      if (i % 10 == 0) {
+        ASSERT_THAT(runner.Post([&, i] { order.push_back(kManyEvents + i); }),
+                    IsOk());
+      }
+    }),
+                IsOk());
+  }
+  EXPECT_EQ(runner.RunUntilIdle(), kManyEvents + kManyEvents / 10);
+  ASSERT_EQ(order.size(), static_cast<size_t>(kManyEvents + kManyEvents / 10));
+  for (int i = 0; i < kManyEvents; ++i) ASSERT_EQ(order[i], i);
+  for (int j = 0; j < kManyEvents / 10; ++j) {
+    ASSERT_EQ(order[kManyEvents + j], kManyEvents + 10 * j);
+  }
+  EXPECT_EQ(runner.stats().events_run, kManyEvents + kManyEvents / 10);
+}
+
+TEST(Runner, ManyProducersKeepPerThreadOrderAndCount) {
+  Runner runner({.name = "many", .logger = ::setpoint::testing::NullLogger()});
+  ASSERT_THAT(runner.Start(), IsOk());
+  constexpr int kThreads = 8, kEach = 20000;
+  std::vector<int> next(kThreads, 0);  // Runner-only state.
+  std::atomic<int> out_of_order{0}, done{0};
+  {
+    std::vector<std::jthread> producers;
+    for (int t = 0; t < kThreads; ++t) {
+      producers.emplace_back([&, t] {
+        for (int i = 0; i < kEach; ++i) {
+          ASSERT_THAT(runner.Post([&, t, i] {
+            if (next[t] != i) ++out_of_order;
+            next[t] = i + 1;
+            done.fetch_add(1, std::memory_order_relaxed);
+          }),
+                      IsOk());
+        }
+      });
+    }
+  }
+  ASSERT_TRUE(AwaitCondition([&] { return done.load() == kThreads * kEach; }));
+  runner.Stop();
+  EXPECT_EQ(out_of_order.load(), 0);
+  EXPECT_EQ(runner.stats().events_run, kThreads * kEach);
+}
+
+TEST(Runner, AnEventPostedAfterAnotherThreadsPostRunsAfterIt) {
+  Runner runner(
+      {.name = "causal", .logger = ::setpoint::testing::NullLogger()});
+  ASSERT_THAT(runner.Start(), IsOk());
+  constexpr int kRounds = 2000;
+  std::vector<int> order;  // Runner-only state.
+  std::atomic<int> done{0};
+  for (int r = 0; r < kRounds; ++r) {
+    std::atomic<bool> first_posted{false};
+    std::jthread a([&] {
+      ASSERT_THAT(runner.Post([&, r] { order.push_back(2 * r); }), IsOk());
+      first_posted.store(true);
+    });
+    std::jthread b([&] {
+      while (!first_posted.load()) std::this_thread::yield();
+      ASSERT_THAT(runner.Post([&, r] {
+        order.push_back(2 * r + 1);
+        ++done;
+      }),
+                  IsOk());
+    });
+  }
+  ASSERT_TRUE(AwaitCondition([&] { return done.load() == kRounds; }));
+  runner.Stop();
+  ASSERT_EQ(order.size(), static_cast<size_t>(2 * kRounds));
+  for (int i = 0; i < 2 * kRounds; ++i) ASSERT_EQ(order[i], i);
+}
+
+TEST(Runner, EventsPostingManyEventsFromTheRunnerNeverBlock) {
+  Runner runner({.name = "self", .logger = ::setpoint::testing::NullLogger()});
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::vector<int> order;  // Runner-only state.
+  std::atomic<bool> done{false};
+  ASSERT_THAT(runner.Post([&] {
+    // More than a segment at once from the runner's own thread.
+    for (int i = 0; i < kManyEvents; ++i) {
+      ASSERT_THAT(runner.Post([&, i] { order.push_back(i); }), IsOk());
+    }
+    ASSERT_THAT(runner.Post([&] { done = true; }), IsOk());
+  }),
+              IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return done.load(); }));
+  runner.Stop();
+  ASSERT_EQ(order.size(), static_cast<size_t>(kManyEvents));
+  for (int i = 0; i < kManyEvents; ++i) ASSERT_EQ(order[i], i);
+}
+
+TEST(Runner, WakesForEachPostAfterFallingAsleep) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::atomic<int> ran{0};
+  for (int i = 1; i <= 200; ++i) {
+    // The runner sleeps on the clock once it has nothing to do.
+    ASSERT_TRUE(clock.AwaitWaiters(1));
+    ASSERT_THAT(runner.Post([&] { ++ran; }), IsOk());
+    ASSERT_TRUE(AwaitCondition([&] { return ran.load() == i; })) << i;
+  }
+  runner.Stop();
+  EXPECT_EQ(runner.stats().events_run, 200);
+}
+
+TEST(Runner, WakesForPostsRacingItsFallingAsleep) {
+  Runner runner({.name = "race", .logger = ::setpoint::testing::NullLogger()});
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::atomic<int> ran{0};
+  std::mt19937 rng(7);
+  for (int i = 1; i <= 300; ++i) {
+    // Varying pauses: some posts land while the runner spins, some as it
+    // decides to sleep, some while it sleeps.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+    ASSERT_THAT(runner.Post([&] { ++ran; }), IsOk());
+    ASSERT_TRUE(AwaitCondition([&] { return ran.load() == i; })) << i;
+  }
+}
+
+TEST(Runner, StopRunsEventsLeftInPartlyReadSegments) {
+  Runner runner({.name = "drain", .logger = ::setpoint::testing::NullLogger()});
+  std::atomic<bool> started{false}, release{false};
+  std::atomic<int> ran{0};
+  // Manual mode first: the head ends inside a segment.
+  for (int i = 0; i < 700; ++i) {
+    ASSERT_THAT(runner.Post([&] { ++ran; }), IsOk());
+  }
+  EXPECT_EQ(runner.RunUntilIdle(), 700);
+  ASSERT_THAT(runner.Post([&] {
+    started = true;
+    while (!release.load()) std::this_thread::yield();
+  }),
+              IsOk());
+  for (int i = 0; i < 1500; ++i) {
+    ASSERT_THAT(runner.Post([&] { ++ran; }), IsOk());
+  }
+  ASSERT_THAT(runner.Start(), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return started.load(); }));
+  std::jthread stopper([&] { runner.Stop(); });
+  ASSERT_TRUE(AwaitCondition([&] { return !runner.Post([] {}).ok(); }));
+  release = true;
+  stopper.join();
+  EXPECT_EQ(ran.load(), 2200);
+  EXPECT_EQ(runner.stats().events_dropped, 0);
+}
+
+TEST(Runner, ManualStopDropsWhatIsLeftInAPartlyReadSegment) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  int ran = 0;
+  for (int i = 0; i < 600; ++i) {
+    ASSERT_THAT(runner.Post([&] { ++ran; }), IsOk());
+  }
+  EXPECT_EQ(runner.RunUntilIdle(), 600);
+  auto owned = std::make_shared<int>(1);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_THAT(runner.Post([&ran, owned] { ++ran; }), IsOk());
+  }
+  runner.Stop();
+  EXPECT_EQ(ran, 600);
+  EXPECT_EQ(owned.use_count(), 1);  // The dropped closures are destroyed.
+  RunnerStats stats = runner.stats();
+  EXPECT_EQ(stats.events_run, 600);
+  EXPECT_EQ(stats.events_dropped, 300);
+  EXPECT_EQ(runner.RunUntilIdle(), 0);
+}
+
+TEST(Runner, ManualStopInsideAnEventDropsTheRest) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  int ran = 0;
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_THAT(runner.Post([&, i] {
+      ++ran;
+      if (i == 299) runner.Stop();
+    }),
+                IsOk());
+  }
+  EXPECT_EQ(runner.RunUntilIdle(), 300);
+  EXPECT_EQ(ran, 300);
+  EXPECT_EQ(runner.stats().events_dropped, 700);
+}
+
+TEST(Runner, ManyTimersFireByTimeThenPostingOrder) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  const absl::Time start = clock.Now();
+  constexpr int kTimers = 20000;
+  std::mt19937 rng(1);
+  std::vector<std::pair<int64_t, int>> expected;  // (ms, posting index)
+  std::vector<std::pair<int64_t, int>> fired;
+  auto post = [&](int index) {
+    const int64_t ms = static_cast<int64_t>(rng() % 500);  // Many ties.
+    expected.emplace_back(ms, index);
+    ASSERT_THAT(
+        runner.PostAt(start + absl::Milliseconds(ms),
+                      [&fired, ms, index] { fired.emplace_back(ms, index); }),
+        IsOk());
+  };
+  for (int i = 0; i < kTimers; ++i) post(i);
+  // A few due, then most at once (taken in bulk), with timers posted
+  // between the two.
+  clock.AdvanceTo(start + absl::Milliseconds(10));
+  runner.RunUntilIdle();
+  for (int i = kTimers; i < kTimers + 1000; ++i) post(i);
+  clock.AdvanceTo(start + absl::Milliseconds(400));
+  runner.RunUntilIdle();
+  clock.AdvanceTo(start + absl::Milliseconds(500));
+  runner.RunUntilIdle();
+  std::sort(expected.begin(), expected.end());
+  // The second batch's timers due at 10 ms or earlier fire after the first
+  // run; all others in (time, posting) order.
+  std::vector<std::pair<int64_t, int>> early, rest;
+  for (const auto& e : expected) {
+    (e.first <= 10 && e.second < kTimers ? early : rest).push_back(e);
+  }
+  early.insert(early.end(), rest.begin(), rest.end());
+  EXPECT_EQ(fired, early);
+  EXPECT_EQ(runner.stats().timers_fired, kTimers + 1000);
+}
+
+TEST(Runner, TimerPostedByAFiringTimerAtAnEarlierTimeStillFires) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  const absl::Time start = clock.Now();
+  std::vector<int> fired;
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_THAT(runner.PostAt(start + absl::Milliseconds(1 + i % 100),
+                              [&, i] {
+                                fired.push_back(i);
+                                if (i == 0) {
+                                  ASSERT_THAT(
+                                      runner.PostAt(
+                                          start, [&] { fired.push_back(-1); }),
+                                      IsOk());
+                                }
+                              }),
+                IsOk());
+  }
+  clock.AdvanceTime(absl::Seconds(1));
+  EXPECT_EQ(runner.RunUntilIdle(), 3001);
+  EXPECT_EQ(fired.size(), 3001u);
+  EXPECT_EQ(fired.front(), 0);
+  EXPECT_NE(std::find(fired.begin(), fired.end(), -1), fired.end());
+}
+
+TEST(Runner, ManyCancelledTimersAreForgottenAndTheRestFire) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  constexpr int kTimers = 10000;
+  std::vector<TimerHandle> handles;
+  std::vector<int> fired;
+  for (int i = 0; i < kTimers; ++i) {
+    absl::StatusOr<TimerHandle> h =
+        runner.PostAfter(absl::Milliseconds(1 + (i * 37) % 1000),
+                         [&, i] { fired.push_back(i); });
+    ASSERT_THAT(h, IsOk());
+    handles.push_back(*h);
+  }
+  int cancelled = 0;
+  for (int i = 0; i < kTimers; ++i) {
+    if (i % 4 != 0) {
+      ASSERT_TRUE(handles[i].Cancel()) << i;
+      ++cancelled;
+    }
+  }
+  // Slots freed by cancelled timers are reused; old handles stay dead.
+  std::vector<int> late;
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_THAT(runner.PostAfter(absl::Milliseconds(2000),
+                                 [&, i] { late.push_back(i); }),
+                IsOk());
+  }
+  for (int i = 0; i < kTimers; ++i) {
+    if (i % 4 != 0) {
+      EXPECT_FALSE(handles[i].Cancel()) << i;
+    }
+  }
+  clock.AdvanceTime(absl::Seconds(1));
+  EXPECT_EQ(runner.RunUntilIdle(), kTimers - cancelled);
+  for (int i : fired) EXPECT_EQ(i % 4, 0);
+  EXPECT_EQ(fired.size(), static_cast<size_t>(kTimers - cancelled));
+  clock.AdvanceTime(absl::Seconds(1));
+  EXPECT_EQ(runner.RunUntilIdle(), 100);
+  EXPECT_EQ(late.size(), 100u);
+  RunnerStats stats = runner.stats();
+  EXPECT_EQ(stats.timers_cancelled, cancelled);
+  EXPECT_EQ(stats.timers_fired, kTimers - cancelled + 100);
+}
+
+TEST(Runner, CancelRacingTheFiringEitherCancelsOrRuns) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  ASSERT_THAT(runner.Start(), IsOk());
+  constexpr int kTimers = 20000;
+  auto ran = std::make_unique<std::atomic<bool>[]>(kTimers);
+  std::vector<TimerHandle> handles;
+  for (int i = 0; i < kTimers; ++i) {
+    absl::StatusOr<TimerHandle> h = runner.PostAfter(
+        absl::Milliseconds(1 + i % 7), [&ran, i] { ran[i] = true; });
+    ASSERT_THAT(h, IsOk());
+    handles.push_back(*h);
+  }
+  std::vector<bool> cancelled(kTimers);
+  std::jthread advancer([&] { clock.AdvanceTime(absl::Seconds(1)); });
+  for (int i = kTimers - 1; i >= 0; --i) cancelled[i] = handles[i].Cancel();
+  advancer.join();
+  ASSERT_TRUE(AwaitCondition([&] {
+    RunnerStats s = runner.stats();
+    return s.timers_fired + s.timers_cancelled == kTimers &&
+           s.events_run == s.timers_fired;
+  }));
+  runner.Stop();
+  int both_or_neither = 0;
+  for (int i = 0; i < kTimers; ++i) {
+    if (ran[i].load() == cancelled[i]) ++both_or_neither;
+  }
+  EXPECT_EQ(both_or_neither, 0);
+  EXPECT_EQ(runner.stats().timers_dropped, 0);
+}
+
+TEST(Runner, CancelAfterStopOrDropReturnsFalse) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  absl::StatusOr<TimerHandle> timer = runner.PostAfter(absl::Seconds(1), [] {});
+  ASSERT_THAT(timer, IsOk());
+  TimerHandle copy = *timer;
+  runner.Stop();
+  EXPECT_FALSE(timer->Cancel());
+  EXPECT_FALSE(copy.Cancel());
+  EXPECT_FALSE(TimerHandle().Cancel());
+  EXPECT_EQ(runner.stats().timers_dropped, 1);
+  EXPECT_EQ(runner.stats().timers_cancelled, 0);
 }
 
 }  // namespace

@@ -78,10 +78,11 @@ class TimerHandle {
  private:
   friend class Runner;
   struct Shared;
-  TimerHandle(std::weak_ptr<Shared> shared, uint64_t id)
-      : shared_(std::move(shared)), id_(id) {}
+  TimerHandle(std::weak_ptr<Shared> shared, uint64_t id, uint32_t slot)
+      : shared_(std::move(shared)), id_(id), slot_(slot) {}
   std::weak_ptr<Shared> shared_;
-  uint64_t id_ = 0;
+  uint64_t id_ = 0;    // The timer's posting sequence number (never reused).
+  uint32_t slot_ = 0;  // Where the timer waits in the runner's slot table.
 };
 
 class Runner {
@@ -123,11 +124,24 @@ class Runner {
   const std::string& name() const { return name_; }
 
  private:
+  struct Tally;  // Counts of one batch, published to the stats at its end.
+
   void Loop();
-  // Moves due timers to the queue; returns the next timer's time.
-  absl::Time MoveDueTimers(absl::Time now);
-  // Runs a batch of events; returns how many ran.
-  int64_t RunBatch();
+  // Takes the timers due on the clock and runs them; returns how many ran.
+  int64_t RunDueTimers();
+  // Runs up to `max` queued events; returns how many ran. With `lag`, stops
+  // where the slot `lag` places ahead is not published yet.
+  int64_t RunEvents(int64_t max, uint64_t lag);
+  // Runs one event, catching what it throws and timing it.
+  void RunEvent(Event& event, const char* origin, Tally& tally);
+  // Adds a batch's counts to the stats.
+  void Publish(const Tally& tally);
+  // Loop: waits (spinning first, then sleeping on the clock) until there may
+  // be work; sets the `lag` for RunEvents. Returns false once stopped with
+  // nothing left to run.
+  bool AwaitWork(uint64_t* lag);
+  // Manual mode Stop: destroys the queued events; returns how many.
+  int64_t DropQueuedEvents();
 
   const std::string name_;
   Clock* const clock_;
