@@ -42,8 +42,9 @@
 // Thread safety: everything runs on the runner thread except Start(),
 // Stop() and counters(), which belong to the owner thread (counters() is
 // safe from any thread). The Client is called on the updater threads.
-// Destroy a syncer after its runner stopped (or on the runner thread):
-// events it posted refer to it.
+// Destroy a syncer after its runner stopped or on the runner thread (never
+// on another thread while the runner runs): events it posted earlier and
+// the stores it observes then find it gone and do nothing.
 #ifndef SETPOINT_PROCESSOR_SYNCER_H_
 #define SETPOINT_PROCESSOR_SYNCER_H_
 
@@ -383,6 +384,12 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
         ignored_out_of_range{0}, not_started_at_stop{0};
   };
   AtomicCounters counters_;
+
+  // Expires when the syncer is destroyed. Events posted to the runner and
+  // store listeners hold a weak reference and do nothing once it expired:
+  // they may run after the syncer is gone (destroyed on the runner thread,
+  // or before a store it observes).
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 // ---------------------------------------------------------------------------
@@ -430,6 +437,7 @@ template <class K, class D, class O>
 Syncer<K, D, O>::~Syncer() {
   Stop();
   timer_.Cancel();
+  alive_.reset();
 }
 
 template <class K, class D, class O>
@@ -463,13 +471,16 @@ absl::Status Syncer<K, D, O>::Start() {
         absl::StrCat("start syncer ", name(), ": rate_burst must be >= 1, got ",
                      o.rate_burst));
   }
-  if (o.execution_delay < absl::ZeroDuration() ||
-      o.expectation_timeout < absl::ZeroDuration() ||
-      o.operation_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start syncer ", name(),
-        ": execution_delay, expectation_timeout and operation_timeout must "
-        "be >= 0"));
+  for (const auto& [field, value] :
+       {std::pair<const char*, absl::Duration>{"execution_delay",
+                                               o.execution_delay},
+        {"expectation_timeout", o.expectation_timeout},
+        {"operation_timeout", o.operation_timeout}}) {
+    if (value < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("start syncer ", name(), ": ", field,
+                       " must be >= 0, got ", absl::FormatDuration(value)));
+    }
   }
   if (absl::Status s = ValidateBackoffOptions(o.backoff); !s.ok()) {
     return Annotate(s, absl::StrCat("start syncer ", name()));
@@ -533,7 +544,9 @@ void Syncer<K, D, O>::Stop() {
                             false, w.desired_version, w.observed_seq, w.epoch});
   }
   absl::Status posted = runner_->Post(
-      [this, undone = std::move(undone)]() mutable {
+      [this, alive = std::weak_ptr<int>(alive_),
+       undone = std::move(undone)]() mutable {
+        if (alive.expired()) return;
         absl::Time now = clock_->Now();
         for (Result& r : undone) ApplyResult(r, now);
         SyncerStatus<K> s = StatusSnapshot(0);
@@ -554,30 +567,32 @@ void Syncer<K, D, O>::Stop() {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
-  store->Subscribe([this](const Change<K, O>& c) {
-    switch (c.kind) {
-      case ChangeKind::kSet:
-        SetObserved(c.key, *c.new_value);
-        break;
-      case ChangeKind::kDelete:
-        DeleteObserved(c.key);
-        break;
-      case ChangeKind::kForget: {
-        // Not a delete in the world: forget what we saw, act on nothing.
-        auto it = entries_.find(c.key);
-        if (it != entries_.end() && it->second.observed.has_value()) {
-          it->second.observed.reset();
-          ++it->second.observed_seq;
-          if (Selected(c.key)) {
-            MarkDirty(*it);
-          } else {
-            MaybeErase(it);
+  store->Subscribe(
+      [this, alive = std::weak_ptr<int>(alive_)](const Change<K, O>& c) {
+        if (alive.expired()) return;  // The store outlived the syncer.
+        switch (c.kind) {
+          case ChangeKind::kSet:
+            SetObserved(c.key, *c.new_value);
+            break;
+          case ChangeKind::kDelete:
+            DeleteObserved(c.key);
+            break;
+          case ChangeKind::kForget: {
+            // Not a delete in the world: forget what we saw, act on nothing.
+            auto it = entries_.find(c.key);
+            if (it != entries_.end() && it->second.observed.has_value()) {
+              it->second.observed.reset();
+              ++it->second.observed_seq;
+              if (Selected(c.key)) {
+                MarkDirty(*it);
+              } else {
+                MaybeErase(it);
+              }
+            }
+            break;
           }
         }
-        break;
-      }
-    }
-  });
+      });
   DependOn(store);
 }
 
@@ -750,9 +765,12 @@ void Syncer<K, D, O>::MarkDirty(Slot& slot) {
 template <class K, class D, class O>
 void Syncer<K, D, O>::SchedulePump() {
   if (pump_posted_) return;
-  if (runner_->Post([this] { Pump(); }, "syncer pump").ok()) {
-    pump_posted_ = true;
-  }
+  absl::Status posted = runner_->Post(
+      [this, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) Pump();
+      },
+      "syncer pump");
+  if (posted.ok()) pump_posted_ = true;
 }
 
 template <class K, class D, class O>
@@ -851,7 +869,11 @@ void Syncer<K, D, O>::ArmTimer(absl::Time when) {
   if (when >= timer_at_) return;
   timer_.Cancel();
   auto timer = runner_->PostAt(
-      when, [this] { OnTimer(); }, "syncer timer");
+      when,
+      [this, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) OnTimer();
+      },
+      "syncer timer");
   if (!timer.ok()) return;  // The runner stopped.
   timer_ = *timer;
   timer_at_ = when;
@@ -1013,8 +1035,11 @@ void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
       }
     }
     if (post) {
-      absl::Status posted =
-          runner_->Post([this] { DrainResults(); }, "syncer results");
+      absl::Status posted = runner_->Post(
+          [this, alive = std::weak_ptr<int>(alive_)] {
+            if (!alive.expired()) DrainResults();
+          },
+          "syncer results");
       if (!posted.ok()) {
         SPDLOG_LOGGER_WARN(logger_,
                            "syncer results not delivered, runner stopped "
