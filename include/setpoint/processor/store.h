@@ -124,7 +124,9 @@ class Store : public Synchronizable {
 
   // Re-scopes the store: forgets keys outside `filter` (kForget), loses sync
   // until the source lists within the new filter, and drops updates listed
-  // under the old one. Returns the new generation for the source.
+  // under the old one. The loss of sync is announced before the forgets, so
+  // no listener takes them for news of an in-sync view. Returns the new
+  // generation for the source.
   uint64_t SetFilter(KeyFilter<K> filter);
   const KeyFilter<K>& filter() const { return filter_; }
   uint64_t generation() const { return generation_; }

@@ -12,6 +12,10 @@
 // order they were connected, inside the same runner event. A Syncer therefore
 // never acts on an observed view that a source has declared incomplete.
 //
+// A hook, observer or downstream module may change this module's condition
+// while its transition is being announced; the new state is worked out once
+// that announcement is complete, so everyone hears the transitions in order.
+//
 // docs/processor.md draws the state machine.
 //
 // Thread safety: runner thread only (or before the runner starts). Modules
@@ -50,7 +54,8 @@ class Synchronizable {
   // Removes `input` from the inputs and re-evaluates.
   void StopDependingOn(Synchronizable* input);
 
-  // Calls `observer(in_sync)` after every transition of this module.
+  // Calls `observer(in_sync)` after every transition of this module. Not from
+  // inside an observer of the same module.
   void AddSyncObserver(absl::AnyInvocable<void(bool in_sync)> observer) {
     observers_.push_back(std::move(observer));
   }
@@ -80,6 +85,12 @@ class Synchronizable {
   bool self_synced_ = false;
   bool in_sync_ = false;
   bool inputs_in_sync_ = true;  // No inputs: vacuously in sync.
+  // A transition is being announced (hooks, observers, downstream): an
+  // Evaluate() arriving meanwhile only sets `reevaluate_`, so that a state
+  // change made from inside the announcement is heard after it, not before
+  // the observers that have yet to hear the first one.
+  bool announcing_ = false;
+  bool reevaluate_ = false;
   std::vector<Synchronizable*> inputs_;
   std::vector<Synchronizable*> outputs_;
   std::vector<absl::AnyInvocable<void(bool)>> observers_;
@@ -129,24 +140,42 @@ inline void Synchronizable::StopDependingOn(Synchronizable* input) {
 }
 
 inline void Synchronizable::Evaluate() {
+  if (announcing_) {
+    reevaluate_ = true;
+    return;
+  }
   bool inputs = true;
   for (const Synchronizable* in : inputs_) inputs = inputs && in->in_sync_;
   if (inputs != inputs_in_sync_) {
     inputs_in_sync_ = inputs;
+    // May call SetSelfSynced, which evaluates (and announces) at once.
     OnInputsSyncChanged(inputs);
   }
   bool now = self_synced_ && inputs_in_sync_;
   if (now == in_sync_) return;
   in_sync_ = now;
-  if (now) {
-    OnSynced();
-  } else {
-    OnLostSync();
+  {
+    // Cleared on the way out even if a hook throws (the runner catches it),
+    // so that the module is not left deaf to later changes.
+    struct Announcing {
+      bool& flag;
+      ~Announcing() { flag = false; }
+    } announcing{announcing_};
+    announcing_ = true;
+    if (now) {
+      OnSynced();
+    } else {
+      OnLostSync();
+    }
+    for (auto& observer : observers_) observer(now);
+    // Copy: a hook may connect or disconnect modules.
+    std::vector<Synchronizable*> outs = outputs_;
+    for (Synchronizable* out : outs) out->Evaluate();
   }
-  for (auto& observer : observers_) observer(now);
-  // Copy: a hook may connect or disconnect modules.
-  std::vector<Synchronizable*> outs = outputs_;
-  for (Synchronizable* out : outs) out->Evaluate();
+  if (reevaluate_) {
+    reevaluate_ = false;
+    Evaluate();
+  }
 }
 
 }  // namespace setpoint

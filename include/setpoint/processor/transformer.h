@@ -26,6 +26,9 @@
 // counted; a failed snapshot is retried (backing off from the window to one
 // minute) and the transformer stays out of sync until one succeeds.
 //
+// A transformer may be destroyed before the stores it watches: from then on
+// their changes no longer reach it.
+//
 // Thread safety: runner thread only.
 #ifndef SETPOINT_PROCESSOR_TRANSFORMER_H_
 #define SETPOINT_PROCESSOR_TRANSFORMER_H_
@@ -123,6 +126,8 @@ class Transformer : public Synchronizable {
   void OnInputsSyncChanged(bool inputs_in_sync) override;
 
  private:
+  // Runs the snapshot `delay` from now unless one is already pending. A
+  // zero delay (the inputs came back) moves a pending later run forward.
   void ScheduleSnapshot(absl::Duration delay);
   void RunSnapshot();
   void ApplyDiff(DesiredDiff<K, D> diff);
@@ -132,8 +137,13 @@ class Transformer : public Synchronizable {
   SnapshotFn snapshot_;
   const TransformerOptions options_;
   std::shared_ptr<spdlog::logger> logger_;
+  // Expires with this transformer. Store listeners and timer closures hold a
+  // weak reference: a store has no unsubscribe, and a timer the runner has
+  // already taken cannot be cancelled, so they check it before touching
+  // `this`.
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
   TimerHandle timer_;
-  bool scheduled_ = false;
+  bool scheduled_ = false;  // A snapshot timer is pending (timer_).
   int failures_ = 0;
   TransformerStats stats_;
 };
@@ -159,9 +169,12 @@ Transformer<K, D>::Transformer(Runner* runner, DesiredSink<K, D>* sink,
 template <class K, class D>
 template <class IK, class IV>
 void Transformer<K, D>::Watch(Store<IK, IV>* store) {
-  store->Subscribe([this](const Change<IK, IV>&) {
-    if (snapshot_ != nullptr) ScheduleSnapshot(options_.accumulation_window);
-  });
+  store->Subscribe(
+      [this, alive = std::weak_ptr<char>(alive_)](const Change<IK, IV>&) {
+        if (alive.expired()) return;
+        if (snapshot_ != nullptr)
+          ScheduleSnapshot(options_.accumulation_window);
+      });
   DependOn(store);
   if (InputsInSync() && !SelfSynced()) ScheduleSnapshot(absl::ZeroDuration());
 }
@@ -174,7 +187,9 @@ void Transformer<K, D>::Watch(
         absl::AnyInvocable<DesiredDiff<K, D>(const Change<IK, IV>&)>>
         hook) {
   store->Subscribe(
-      [this, hook = std::move(hook)](const Change<IK, IV>& change) mutable {
+      [this, alive = std::weak_ptr<char>(alive_),
+       hook = std::move(hook)](const Change<IK, IV>& change) mutable {
+        if (alive.expired()) return;
         DesiredDiff<K, D> diff;
         try {
           diff = hook(change);
@@ -218,10 +233,19 @@ void Transformer<K, D>::OnInputsSyncChanged(bool inputs_in_sync) {
 
 template <class K, class D>
 void Transformer<K, D>::ScheduleSnapshot(absl::Duration delay) {
-  if (snapshot_ == nullptr || scheduled_) return;
+  if (snapshot_ == nullptr) return;
+  if (scheduled_) {
+    // The pending run covers this change too. Only a run that must happen
+    // now (the inputs came back while a window or a backoff was pending)
+    // replaces it; a timer the runner has already taken cannot be cancelled,
+    // but then it runs next anyway.
+    if (delay > absl::ZeroDuration() || !timer_.Cancel()) return;
+    scheduled_ = false;
+  }
   auto timer = runner_->PostAfter(
       delay,
-      [this] {
+      [this, alive = std::weak_ptr<char>(alive_)] {
+        if (alive.expired()) return;
         scheduled_ = false;
         RunSnapshot();
       },
