@@ -295,6 +295,7 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   using Slot = typename Map::value_type;
 
   struct Work {
+    Slot* slot;  // Stable: an entry is never erased while in flight.
     K key;
     SyncOp op;
     std::optional<D> desired;
@@ -304,6 +305,7 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     uint32_t epoch;
   };
   struct Result {
+    Slot* slot;
     K key;
     SyncOp op;
     absl::Status status;
@@ -339,7 +341,7 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   void OnTimer();
   void Dispatch(absl::Time now);
   bool TakeToken(absl::Time now);
-  void MaybeErase(typename Map::iterator it);
+  void MaybeErase(Slot& slot);
 
   void UpdaterLoop(std::stop_token stop);
   Result Execute(const Context& ctx, Work& work);
@@ -357,6 +359,9 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   KeyFilter<K> filter_;
   uint32_t epoch_ = 0;
   std::vector<Slot*> dirty_;
+  std::vector<Slot*> pumping_;  // Pump's copy of dirty_, kept for capacity.
+  // Entries with a desired value: lets ReplaceDesired skip its removal scan.
+  size_t with_desired_ = 0;
   std::deque<Slot*> ready_;
   std::priority_queue<Wake, std::vector<Wake>, std::greater<>> wakes_;
   TimerHandle timer_;
@@ -539,7 +544,7 @@ void Syncer<K, D, O>::Stop() {
   // Report what is left to the runner, where the state lives.
   std::vector<Result> undone;
   for (Work& w : not_started) {
-    undone.push_back(Result{std::move(w.key), w.op,
+    undone.push_back(Result{w.slot, std::move(w.key), w.op,
                             absl::CancelledError("syncer stopped"), false,
                             false, w.desired_version, w.observed_seq, w.epoch});
   }
@@ -586,7 +591,7 @@ void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
               if (Selected(c.key)) {
                 MarkDirty(*it);
               } else {
-                MaybeErase(it);
+                MaybeErase(*it);
               }
             }
             break;
@@ -656,6 +661,7 @@ void Syncer<K, D, O>::SetDesired(K key, D desired) {
   auto [it, inserted] = entries_.try_emplace(std::move(key));
   Entry& e = it->second;
   if (e.desired.has_value() && DesiredEqual(*e.desired, desired)) return;
+  if (!e.desired.has_value()) ++with_desired_;
   e.desired = std::move(desired);
   ++e.desired_version;
   MarkDirty(*it);
@@ -665,6 +671,7 @@ template <class K, class D, class O>
 void Syncer<K, D, O>::DeleteDesired(const K& key) {
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.desired.has_value()) return;
+  --with_desired_;
   it->second.desired.reset();
   ++it->second.desired_version;
   MarkDirty(*it);
@@ -672,15 +679,40 @@ void Syncer<K, D, O>::DeleteDesired(const K& key) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ReplaceDesired(absl::flat_hash_map<K, D> desired) {
-  for (Slot& slot : entries_) {
-    Entry& e = slot.second;
-    if (e.desired.has_value() && !desired.contains(slot.first)) {
-      e.desired.reset();
-      ++e.desired_version;
-      MarkDirty(slot);
+  // One lookup per key of the snapshot (find first: no key copy when the
+  // key is known). `in_snapshot` counts the keys that now have a desired
+  // value from the snapshot; when that is every key with one, nothing was
+  // removed and the scan of every entry is skipped.
+  size_t in_snapshot = 0;
+  for (auto& [key, value] : desired) {
+    if (!Selected(key)) {
+      counters_.ignored_out_of_range.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    auto it = entries_.find(key);
+    if (it == entries_.end()) it = entries_.try_emplace(key).first;
+    Entry& e = it->second;
+    ++in_snapshot;
+    if (e.desired.has_value()) {
+      if (DesiredEqual(*e.desired, value)) continue;
+    } else {
+      ++with_desired_;
+    }
+    e.desired = std::move(value);
+    ++e.desired_version;
+    MarkDirty(*it);
+  }
+  if (in_snapshot != with_desired_) {
+    for (Slot& slot : entries_) {
+      Entry& e = slot.second;
+      if (e.desired.has_value() && !desired.contains(slot.first)) {
+        e.desired.reset();
+        ++e.desired_version;
+        --with_desired_;
+        MarkDirty(slot);
+      }
     }
   }
-  for (auto& [key, value] : desired) SetDesired(key, std::move(value));
   SetSelfSynced(true);
 }
 
@@ -724,10 +756,12 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
         // Kept until its result arrives, so a returning key cannot get a
         // second operation in flight; the result will be discarded.
         ++in_flight;
+        if (e.desired.has_value()) --with_desired_;
         e.desired.reset();
         e.observed.reset();
         e.epoch = epoch_;
       } else {
+        if (e.desired.has_value()) --with_desired_;
         entries_.erase(it);
       }
     }
@@ -778,12 +812,13 @@ void Syncer<K, D, O>::Pump() {
   pump_posted_ = false;
   absl::Time now = clock_->Now();
   // Evaluate may erase entries; take the list first.
-  std::vector<Slot*> dirty;
-  dirty.swap(dirty_);
-  for (Slot* slot : dirty) {
+  // Keeps both buffers' capacity from one pump to the next.
+  pumping_.swap(dirty_);
+  for (Slot* slot : pumping_) {
     slot->second.dirty = false;
     Evaluate(*slot, now);
   }
+  pumping_.clear();
   Dispatch(now);
 }
 
@@ -936,7 +971,7 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     e.in_flight = op;
     e.pending_since = absl::InfiniteFuture();
     ++in_flight_;
-    batch.push_back(Work{slot->first, op, e.desired, e.observed,
+    batch.push_back(Work{slot, slot->first, op, e.desired, e.observed,
                          e.desired_version, e.observed_seq, e.epoch});
   }
   if (batch.empty()) return;
@@ -944,13 +979,23 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     MutexLock l(&mu_);
     if (!stopping_) {
       for (Work& w : batch) work_.push_back(std::move(w));
-      cv_.SignalAll();
+      // One wake-up per item: waking every updater for one item makes
+      // the others fight for mu_ and go back to sleep.
+      const size_t threads = static_cast<size_t>(
+          options_.updater_threads > 0 ? options_.updater_threads
+                                       : std::min(options_.max_in_flight, 64));
+      if (batch.size() >= threads) {
+        cv_.SignalAll();
+      } else {
+        for (size_t i = 0; i < batch.size(); ++i) cv_.Signal();
+      }
       return;
     }
   }
   // Stopped: nothing will run these; they stay pending.
   for (Work& w : batch) {
-    Result r{std::move(w.key),
+    Result r{w.slot,
+             std::move(w.key),
              w.op,
              absl::CancelledError("syncer stopped"),
              false,
@@ -963,22 +1008,25 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
 }
 
 template <class K, class D, class O>
-void Syncer<K, D, O>::MaybeErase(typename Map::iterator it) {
-  const Entry& e = it->second;
+void Syncer<K, D, O>::MaybeErase(Slot& slot) {
+  const Entry& e = slot.second;
   if (!e.desired.has_value() && !e.observed.has_value() &&
       e.in_flight == SyncOp::kNone && !e.dirty && !e.queued) {
-    entries_.erase(it);
+    entries_.erase(slot.first);
   }
 }
 
 template <class K, class D, class O>
 typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(const Context& ctx,
                                                           Work& w) {
-  Result r{std::move(w.key),  w.op,           absl::OkStatus(), false, true,
-           w.desired_version, w.observed_seq, w.epoch};
-  Context op_ctx = options_.operation_timeout > absl::ZeroDuration()
-                       ? ctx.WithTimeout(options_.operation_timeout)
-                       : ctx;
+  Result r{w.slot,           std::move(w.key), w.op,   absl::OkStatus(),
+           false,            true,             w.desired_version,
+           w.observed_seq,   w.epoch};
+  std::optional<Context> timed;
+  if (options_.operation_timeout > absl::ZeroDuration()) {
+    timed.emplace(ctx.WithTimeout(options_.operation_timeout));
+  }
+  const Context& op_ctx = timed.has_value() ? *timed : ctx;
   try {
     switch (w.op) {
       case SyncOp::kCreate:
@@ -1066,8 +1114,9 @@ void Syncer<K, D, O>::DrainResults() {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
-  auto it = entries_.find(r.key);
-  if (it == entries_.end() || it->second.in_flight == SyncOp::kNone) {
+  // No lookup: the entry stays while its operation is in flight.
+  Slot* it = r.slot;
+  if (it->second.in_flight == SyncOp::kNone) {
     // Cannot happen: entries stay while an operation is in flight.
     SPDLOG_LOGGER_ERROR(logger_,
                         "syncer result without an operation syncer={} key={}",
@@ -1087,7 +1136,7 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     if (Selected(r.key)) {
       MarkDirty(*it);
     } else {
-      MaybeErase(it);
+      MaybeErase(*it);
     }
     return;
   }
