@@ -32,6 +32,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "integration/redis_server.h"
@@ -205,7 +206,7 @@ int Main(bool quick) {
   const int runs = quick ? 5 : 100;
   std::vector<double> join, leave;
   for (int i = 0; i < runs; ++i) {
-    std::string id = "b" + std::to_string(i);
+    std::string id = absl::StrCat("b", i);
     auto start = Clock::now();
     auto b = MakePod(address, id, 2, &coverage, lease, poll);
     if (b == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
@@ -226,7 +227,7 @@ int Main(bool quick) {
 
   std::vector<double> crash;
   for (int i = 0; i < (quick ? 1 : 5); ++i) {
-    std::string id = "c" + std::to_string(i);
+    std::string id = absl::StrCat("c", i);
     auto c = MakePod(address, id, 2, &coverage, lease, poll);
     if (c == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
       std::fprintf(stderr, "crash setup %d did not converge\n", i);
@@ -249,7 +250,7 @@ int Main(bool quick) {
   std::vector<std::string> prefixes;
   auto start = Clock::now();
   for (int i = 0; i < pods; ++i) {
-    std::string id = "p" + std::to_string(i);
+    std::string id = absl::StrCat("p", i);
     fleet.push_back(MakePod(address, id, per_pod, &coverage, lease, poll));
     prefixes.push_back(id + "/");
     if (fleet.back() == nullptr) return 1;
