@@ -206,8 +206,9 @@ class SlowWorld final : public IntClient {
 // Untimed: waiting until every key is converged, then checking the world
 // (every key observed at 100) and counting client calls: at most two per
 // key (a create with an early value, an update to the last), as bursts
-// coalesce. max_in_flight 64 (64 updater threads) keeps that wait near
-// 10,000 / 64 ms; the updaters sleep, so it does not change the ingest cost.
+// coalesce. The default max_in_flight (8): with 64 updater threads their
+// wake-ups (64,000 a second) preempt the runner on a 2-core machine and the
+// ingest rate falls by a quarter.
 void BM_SyncerIngest(benchmark::State& state) {
   constexpr int64_t kKeys = 10'000;
   constexpr int64_t kUpdates = 1'000'000;
@@ -218,10 +219,9 @@ void BM_SyncerIngest(benchmark::State& state) {
   for (auto _ : state) {
     Runner runner({.name = "bench", .logger = testing::NullLogger()});
     SlowWorld world(&runner);
-    IntSyncer syncer(&runner, &world,
-                     {.name = "bench",
-                      .max_in_flight = 64,
-                      .logger = testing::NullLogger()});
+    IntSyncer syncer(
+        &runner, &world,
+        {.name = "bench", .max_in_flight = 8, .logger = testing::NullLogger()});
     world.set_syncer(&syncer);
     syncer.MarkDesiredComplete();
     if (!syncer.Start().ok() || !runner.Start().ok()) {
