@@ -185,6 +185,18 @@ TEST_F(SyncerTest, CreatesUpdatesAndDeletesToMatchDesired) {
   EXPECT_EQ(c.failures, 0);
 }
 
+TEST_F(SyncerTest, StopCancelsItsOwnWakeUpSoTheRunnerDropsNothing) {
+  Start({});
+  fake_->FailNext(1);  // A backoff: the syncer arms a wake-up timer.
+  SetDesired("a", 1);
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->counters().failures == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Status().failing == 1; }));
+  syncer_->Stop();
+  runner_->Stop();
+  EXPECT_EQ(runner_->stats().timers_dropped, 0);
+}
+
 // --- Coalescing
 // ---------------------------------------------------------------
 

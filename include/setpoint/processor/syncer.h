@@ -195,8 +195,10 @@ struct SyncerStatus {
   bool in_sync = false;   // False: paused, nothing starts.
   int64_t keys = 0;       // Tracked keys (desired or observed).
   int64_t converged = 0;  // Nothing to do.
-  int64_t pending = 0;    // Something to do, not started (includes waiting
-                          // for backoff, rate limit or a disabled switch).
+  int64_t pending = 0;    // Something to do, not started, not failing
+                          // (waiting for an updater, the rate limit,
+                          // execution_delay or a disabled switch). Keys
+                          // waiting out a backoff count as failing.
   int64_t in_flight = 0;
   int64_t awaiting_observation = 0;  // Done, waiting to see it observed.
   int64_t failing = 0;               // Last operation failed (retrying).
@@ -366,6 +368,7 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   std::priority_queue<Wake, std::vector<Wake>, std::greater<>> wakes_;
   TimerHandle timer_;
   absl::Time timer_at_ = absl::InfiniteFuture();
+  bool stopped_on_runner_ = false;  // Stop() reached the runner.
   bool pump_posted_ = false;
   int in_flight_ = 0;
   double tokens_ = 0;
@@ -552,6 +555,10 @@ void Syncer<K, D, O>::Stop() {
       [this, alive = std::weak_ptr<int>(alive_),
        undone = std::move(undone)]() mutable {
         if (alive.expired()) return;
+        // No more wake-ups: the runner would report the timer as dropped.
+        stopped_on_runner_ = true;
+        timer_.Cancel();
+        timer_at_ = absl::InfiniteFuture();
         absl::Time now = clock_->Now();
         for (Result& r : undone) ApplyResult(r, now);
         SyncerStatus<K> s = StatusSnapshot(0);
@@ -760,6 +767,12 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
         e.desired.reset();
         e.observed.reset();
         e.epoch = epoch_;
+        // If the key comes back, it starts afresh.
+        e.failures = 0;
+        e.terminal = false;
+        e.last_error = absl::OkStatus();
+        e.not_before = absl::InfinitePast();
+        e.expect_op = SyncOp::kNone;
       } else {
         if (e.desired.has_value()) --with_desired_;
         entries_.erase(it);
@@ -901,7 +914,7 @@ void Syncer<K, D, O>::WakeAt(Slot& slot, absl::Time when) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ArmTimer(absl::Time when) {
-  if (when >= timer_at_) return;
+  if (when >= timer_at_ || stopped_on_runner_) return;
   timer_.Cancel();
   auto timer = runner_->PostAt(
       when,
@@ -1019,9 +1032,8 @@ void Syncer<K, D, O>::MaybeErase(Slot& slot) {
 template <class K, class D, class O>
 typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(const Context& ctx,
                                                           Work& w) {
-  Result r{w.slot,           std::move(w.key), w.op,   absl::OkStatus(),
-           false,            true,             w.desired_version,
-           w.observed_seq,   w.epoch};
+  Result r{w.slot, std::move(w.key),  w.op,           absl::OkStatus(), false,
+           true,   w.desired_version, w.observed_seq, w.epoch};
   std::optional<Context> timed;
   if (options_.operation_timeout > absl::ZeroDuration()) {
     timed.emplace(ctx.WithTimeout(options_.operation_timeout));
