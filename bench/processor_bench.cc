@@ -62,69 +62,64 @@ BENCHMARK(BM_RunnerPost)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// Schedules 1M timers at spread-out times on a simulated clock, then moves the
-// clock past all of them and runs them (manual mode, one thread).
-void BM_RunnerTimersLongLived(benchmark::State& state) {
-  // One runner for all iterations, as in a controller, where the runner
-  // lives as long as the process. Slower than a fresh runner: timer slots
-  // are reused in firing order, scattered over the table.
-  constexpr int64_t kTimers = 1'000'000;
-  testing::SimulatedClock clock;
-  Runner runner({.name = "bench",
-                 .clock = &clock,
-                 .logger = ::setpoint::testing::NullLogger()});
-  int64_t fired = 0;
-  for (auto _ : state) {
-    int64_t count = 0;
-    for (int64_t i = 0; i < kTimers; ++i) {
-      (void)runner.PostAfter(absl::Microseconds((i * 7919) % 1'000'000),
-                             [&count] { ++count; });
-    }
-    clock.AdvanceTime(absl::Seconds(1));
-    runner.RunUntilIdle();
-    if (count != kTimers) {
-      state.SkipWithError("not every timer fired");
-      break;
-    }
-    fired += count;
-  }
-  state.SetItemsProcessed(fired);
-}
-BENCHMARK(BM_RunnerTimersLongLived)->Unit(benchmark::kMillisecond);
+constexpr int64_t kTimers = 1'000'000;
 
-// Schedules 1M timers at spread-out times on a simulated clock, then moves the
-// clock past all of them and runs them (manual mode, one thread), with a new
-// runner per iteration (the first touch of its memory included).
+// Schedules 1M timers at spread-out times on `clock`, moves the clock past
+// all of them and runs them (manual mode, one thread). Returns how many ran.
+int64_t FireTimers(testing::SimulatedClock& clock, Runner& runner) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < kTimers; ++i) {
+    (void)runner.PostAfter(absl::Microseconds((i * 7919) % 1'000'000),
+                           [&count] { ++count; });
+  }
+  clock.AdvanceTime(absl::Seconds(1));
+  runner.RunUntilIdle();
+  return count;
+}
+
+// 1M timers with a new runner per iteration (the first touch of its memory
+// included).
 void BM_RunnerTimers(benchmark::State& state) {
-  constexpr int64_t kTimers = 1'000'000;
   int64_t fired = 0;
   for (auto _ : state) {
     testing::SimulatedClock clock;
     Runner runner({.name = "bench",
                    .clock = &clock,
                    .logger = ::setpoint::testing::NullLogger()});
-    int64_t count = 0;
-    for (int64_t i = 0; i < kTimers; ++i) {
-      (void)runner.PostAfter(absl::Microseconds((i * 7919) % 1'000'000),
-                             [&count] { ++count; });
-    }
-    clock.AdvanceTime(absl::Seconds(1));
-    runner.RunUntilIdle();
-    if (count != kTimers) {
+    if (FireTimers(clock, runner) != kTimers) {
       state.SkipWithError("not every timer fired");
       break;
     }
-    fired += count;
+    fired += kTimers;
   }
   state.SetItemsProcessed(fired);
 }
 BENCHMARK(BM_RunnerTimers)->Unit(benchmark::kMillisecond);
 
+// The same on one runner for all iterations, as in a controller, where the
+// runner lives as long as the process. Slower than a fresh runner: timer
+// slots are reused in firing order, scattered over the table.
+void BM_RunnerTimersLongLived(benchmark::State& state) {
+  testing::SimulatedClock clock;
+  Runner runner({.name = "bench",
+                 .clock = &clock,
+                 .logger = ::setpoint::testing::NullLogger()});
+  int64_t fired = 0;
+  for (auto _ : state) {
+    if (FireTimers(clock, runner) != kTimers) {
+      state.SkipWithError("not every timer fired");
+      break;
+    }
+    fired += kTimers;
+  }
+  state.SetItemsProcessed(fired);
+}
+BENCHMARK(BM_RunnerTimersLongLived)->Unit(benchmark::kMillisecond);
+
 // Schedules 1M timers and cancels them all through their handles (manual
 // mode): timeouts that are cancelled because the awaited thing came first.
 // Items are timers scheduled and cancelled.
 void BM_RunnerTimersCancelled(benchmark::State& state) {
-  constexpr int64_t kTimers = 1'000'000;
   int64_t cancelled = 0;
   for (auto _ : state) {
     testing::SimulatedClock clock;
