@@ -40,18 +40,6 @@ using ::testing::UnorderedElementsAre;
 using Map = absl::flat_hash_map<std::string, int>;
 using IntStore = Store<std::string, int>;
 
-const char* KindName(ChangeKind kind) {
-  switch (kind) {
-    case ChangeKind::kSet:
-      return "set";
-    case ChangeKind::kDelete:
-      return "delete";
-    case ChangeKind::kForget:
-      return "forget";
-  }
-  return "?";
-}
-
 // Logs the store's changes as "kind key old->new" and its transitions as
 // "synced" / "lost", on the runner.
 void Record(IntStore* store, std::vector<std::string>* log) {
@@ -59,7 +47,7 @@ void Record(IntStore* store, std::vector<std::string>* log) {
     auto show = [](const int* v) {
       return v == nullptr ? std::string("_") : absl::StrCat(*v);
     };
-    log->push_back(absl::StrCat(KindName(c.kind), " ", c.key, " ",
+    log->push_back(absl::StrCat(ChangeKindName(c.kind), " ", c.key, " ",
                                 show(c.old_value), "->", show(c.new_value)));
   });
   store->AddSyncObserver(

@@ -21,18 +21,6 @@ using ::testing::UnorderedElementsAre;
 using IntStore = Store<std::string, int>;
 using Update = StoreUpdate<std::string, int>;
 
-const char* KindName(ChangeKind kind) {
-  switch (kind) {
-    case ChangeKind::kSet:
-      return "set";
-    case ChangeKind::kDelete:
-      return "delete";
-    case ChangeKind::kForget:
-      return "forget";
-  }
-  return "?";
-}
-
 // Renders each change as "kind key old->new" ("_" for a missing value).
 template <class V>
 void Record(Store<std::string, V>* store, std::vector<std::string>* log) {
@@ -40,7 +28,7 @@ void Record(Store<std::string, V>* store, std::vector<std::string>* log) {
     auto show = [](const V* v) {
       return v == nullptr ? std::string("_") : absl::StrCat(*v);
     };
-    log->push_back(absl::StrCat(KindName(c.kind), " ", c.key, " ",
+    log->push_back(absl::StrCat(ChangeKindName(c.kind), " ", c.key, " ",
                                 show(c.old_value), "->", show(c.new_value)));
   });
 }

@@ -46,6 +46,19 @@ enum class ChangeKind {
   kForget,  // Left this node's key filter; still in the world: old_value set.
 };
 
+// "set", "delete" or "forget", for logs.
+inline const char* ChangeKindName(ChangeKind kind) {
+  switch (kind) {
+    case ChangeKind::kSet:
+      return "set";
+    case ChangeKind::kDelete:
+      return "delete";
+    case ChangeKind::kForget:
+      return "forget";
+  }
+  return "unknown";
+}
+
 // One change of one key, passed to listeners. The pointers are valid only
 // during the call.
 template <class K, class V>
