@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <random>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -24,8 +25,9 @@ ReconcileLoopOptions Clamp(ReconcileLoopOptions o) {
     o.logger = std::make_shared<spdlog::logger>("setpoint");
   if (o.scheduler.logger == nullptr) o.scheduler.logger = o.logger;
   if (o.seed == 0) {
-    absl::BitGen gen;
-    o.seed = absl::Uniform<uint64_t>(gen) | 1;
+    // std::random_device, not absl::BitGen (see backoff.cc).
+    std::random_device rd;
+    o.seed = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
   }
   return o;
 }

@@ -43,6 +43,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -50,7 +51,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -336,7 +336,9 @@ void PollingSource<K, V>::Loop(std::stop_token stop) {
   uint64_t last_generation = 0;
   bool have_list = false;  // `last` is a complete list under last_generation.
   bool lost = true;        // The store was told it is out of sync.
-  absl::BitGen jitter;
+  // std::mt19937_64, not absl::BitGen: Debian's prebuilt Abseil seeds BitGen
+  // from a pool ThreadSanitizer reports as racing between threads.
+  std::mt19937_64 jitter(std::random_device{}());
   const Context background(stop, clock_);
   while (!stop.stop_requested()) {
     {
@@ -359,7 +361,7 @@ void PollingSource<K, V>::Loop(std::stop_token stop) {
         failures = ++stats_.consecutive_failures;
       }
       wait = BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
-                          absl::Uniform(jitter, 0.0, 1.0));
+                          std::uniform_real_distribution<double>(0, 1)(jitter));
       SPDLOG_LOGGER_WARN(this->logger_,
                          "list failed source={} failures={} retry_in={}: {}",
                          options_.name, failures, wait, listed.status());
