@@ -243,7 +243,8 @@ class QuietNode : public Node {
 class RedisNodeManagerTest : public ::testing::Test {
  protected:
   void SetUp() override { SETPOINT_START_REDIS_OR_SKIP(server_); }
-  NodeManager& StartPod(const std::string& pod) {
+  NodeManager& StartPod(const std::string& pod,
+                        absl::Duration lease = absl::Milliseconds(400)) {
     registries_.push_back(Registry(server_.address()));
     pods_.push_back(std::make_unique<NodeManager>(NodeManagerOptions{
         .pod_id = pod,
@@ -256,7 +257,7 @@ class RedisNodeManagerTest : public ::testing::Test {
                        }}},
         .registry = registries_.back().get(),
         .poll_interval = absl::Milliseconds(50),
-        .lease = absl::Milliseconds(400),
+        .lease = lease,
         .operation_timeout = absl::Milliseconds(200),
         .logger = NullLogger(),
     }));
@@ -314,13 +315,14 @@ TEST_F(RedisNodeManagerTest, UnreachableRedisFencesEveryoneThenRecovers) {
 }
 
 TEST_F(RedisNodeManagerTest, GracefulLeaveHandsOverAtOnce) {
-  NodeManager& a = StartPod("a");
-  NodeManager& b = StartPod("b");
+  // A long lease: a takeover that waited for it would take 3 s or more.
+  NodeManager& a = StartPod("a", absl::Seconds(3));
+  NodeManager& b = StartPod("b", absl::Seconds(3));
   ASSERT_TRUE(AwaitCondition([&] { return Covered({&a, &b}); }));
   b.Stop();
-  // Well under one lease: the release is published, not waited out.
-  ASSERT_TRUE(
-      AwaitCondition([&] { return Covered({&a}); }, absl::Milliseconds(300)));
+  // Well under one lease: the release is published, not waited out (a few
+  // milliseconds here; the bound leaves room for sanitizer builds).
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a}); }, absl::Seconds(1)));
 }
 
 }  // namespace
