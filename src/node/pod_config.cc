@@ -1,182 +1,757 @@
 #include "setpoint/node/pod_config.h"
 
-#include <cstdlib>
-#include <fstream>
-#include <map>
-#include <set>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "setpoint/base/status.h"
 #include "setpoint/registry/in_memory_node_registry.h"
-#include "yaml-cpp/yaml.h"
+#include "yaml-cpp/eventhandler.h"
+#include "yaml-cpp/exceptions.h"
+#include "yaml-cpp/mark.h"
+#include "yaml-cpp/parser.h"
 
 namespace setpoint {
 namespace {
 
-absl::Status Bad(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("pod config: ", field, field.empty() ? "" : " ", what));
+// A pod config nests three levels (document, registry or kinds, a kind);
+// anything much deeper is not a pod config.
+constexpr size_t kMaxDepth = 32;
+// With aliases refused a node costs input bytes, so this bounds memory at a
+// few MB whatever the text.
+constexpr int kMaxNodes = 100'000;
+// A password file holds one line.
+constexpr size_t kMaxPasswordFileBytes = 64 << 10;
+constexpr absl::Duration kMaxDuration = absl::Hours(24);
+
+constexpr std::array<absl::string_view, 5> kTopKeys = {
+    "pod_id", "poll_interval", "lease", "fence_margin", "operation_timeout"};
+constexpr std::array<absl::string_view, 10> kRegistryKeys = {"type",
+                                                             "address",
+                                                             "username",
+                                                             "password",
+                                                             "password_env",
+                                                             "password_file",
+                                                             "db",
+                                                             "namespace",
+                                                             "connect_timeout",
+                                                             "command_timeout"};
+constexpr std::array<absl::string_view, 3> kPasswordKeys = {
+    "registry.password", "registry.password_env", "registry.password_file"};
+
+template <size_t N>
+bool Contains(const std::array<absl::string_view, N>& keys,
+              absl::string_view key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
-// Flattens the YAML into "path" -> scalar, kinds into kinds.<name>.<key>,
-// so files and overrides share one setter.
-absl::Status Flatten(const YAML::Node& node, const std::string& path,
-                     std::map<std::string, std::string>* out,
-                     std::vector<std::string>* kind_order) {
-  if (node.IsScalar()) {
-    (*out)[path] = node.Scalar();
-    return absl::OkStatus();
+// Messages here have no prefix: ParsePodConfig adds "pod config: ",
+// LoadPodConfig "pod config <path>: ".
+absl::Status Bad(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      field.empty() ? std::string(what) : absl::StrCat(field, " ", what));
+}
+
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+// User text in messages: control bytes and quotes escaped.
+std::string Escape(absl::string_view s) { return absl::CHexEscape(s); }
+
+// The field, and the line it came from (0: an override).
+std::string Where(absl::string_view field, int line) {
+  return line > 0 ? absl::StrCat(field, " (line ", line, ")")
+                  : std::string(field);
+}
+
+// ---- YAML: events into a small tree, refusing what a config never needs --
+
+struct Yaml {
+  enum class Type { kNull, kScalar, kSequence, kMap };
+  Type type = Type::kNull;
+  int line = 0;             // 1-based; 0 when yaml-cpp gives no mark.
+  std::string scalar;       // kScalar only.
+  std::vector<Yaml> items;  // kSequence: items; kMap: key, value, key, ...
+};
+
+const char* TypeName(Yaml::Type t) {
+  switch (t) {
+    case Yaml::Type::kNull:
+      return "empty";
+    case Yaml::Type::kScalar:
+      return "a value";
+    case Yaml::Type::kSequence:
+      return "a list";
+    case Yaml::Type::kMap:
+      return "a map";
   }
-  if (node.IsNull()) return absl::OkStatus();
-  if (path == "kinds") {
-    if (!node.IsSequence()) return Bad("kinds", "must be a list");
-    for (size_t i = 0; i < node.size(); ++i) {
-      const YAML::Node& k = node[i];
-      std::string at = absl::StrCat("kinds[", i, "]");
-      if (!k.IsMap() || !k["kind"] || !k["kind"].IsScalar()) {
-        return Bad(at, "must be a map with a \"kind\" name");
-      }
-      std::string name = k["kind"].Scalar();
-      if (std::find(kind_order->begin(), kind_order->end(), name) !=
-          kind_order->end()) {
-        return Bad(at + ".kind",
-                   absl::StrCat("\"", name,
-                                "\" appears twice: node ids would repeat"));
-      }
-      kind_order->push_back(name);
-      for (const auto& kv : k) {
-        std::string key = kv.first.Scalar();
-        if (key == "kind") continue;
-        if (!kv.second.IsScalar())
-          return Bad(at + "." + key, "must be a value");
-        (*out)[absl::StrCat("kinds.", name, ".", key)] = kv.second.Scalar();
-      }
+  return "?";
+}
+
+// Builds the tree of one document without expanding anything: aliases are
+// refused where they appear (so an alias bomb costs its own bytes), as are a
+// second document, nesting deeper than kMaxDepth and more than kMaxNodes
+// nodes. After the first refusal every event is ignored.
+class TreeBuilder final : public YAML::EventHandler {
+ public:
+  const absl::Status& status() const { return status_; }
+  const Yaml& root() const { return root_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (status_.ok() && ++documents_ > 1) {
+      Fail(mark,
+           "a second YAML document starts here; a pod config is one "
+           "document");
     }
-    return absl::OkStatus();
   }
-  if (!node.IsMap()) {
-    return Bad(path.empty() ? "the document" : path, "must be a map");
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override {
+    Add(mark, Yaml::Type::kNull, "");
   }
-  for (const auto& kv : node) {
-    std::string key = kv.first.Scalar();
-    std::string sub = path.empty() ? key : path + "." + key;
-    if (absl::Status s = Flatten(kv.second, sub, out, kind_order); !s.ok()) {
-      return s;
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    Fail(mark,
+         "YAML aliases (*name) are refused: a pod config has no need for "
+         "them, and they let a small file expand exponentially");
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string& value) override {
+    Add(mark, Yaml::Type::kScalar, value);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&,
+                       YAML::anchor_t, YAML::EmitterStyle::value) override {
+    Open(mark, Yaml::Type::kSequence);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Open(mark, Yaml::Type::kMap);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  static int Line(const YAML::Mark& mark) {
+    return mark.is_null() ? 0 : mark.line + 1;
+  }
+  void Fail(const YAML::Mark& mark, absl::string_view what) {
+    if (!status_.ok()) return;
+    status_ = Line(mark) > 0 ? Bad(absl::StrCat("line ", Line(mark), ":"), what)
+                             : Bad("", what);
+  }
+  Yaml* Add(const YAML::Mark& mark, Yaml::Type type, const std::string& v) {
+    if (!status_.ok()) return nullptr;
+    if (++nodes_ > kMaxNodes) {
+      Fail(mark, absl::StrCat("more than ", kMaxNodes,
+                              " YAML nodes; a pod config needs a few dozen"));
+      return nullptr;
+    }
+    Yaml node{.type = type, .line = Line(mark), .scalar = v, .items = {}};
+    if (stack_.empty()) {
+      root_ = std::move(node);
+      return &root_;
+    }
+    // Only the innermost open node grows, so pointers to the open nodes
+    // (its ancestors) stay valid.
+    stack_.back()->items.push_back(std::move(node));
+    return &stack_.back()->items.back();
+  }
+  void Open(const YAML::Mark& mark, Yaml::Type type) {
+    Yaml* node = Add(mark, type, "");
+    if (node == nullptr) return;
+    if (stack_.size() >= kMaxDepth) {
+      Fail(mark, absl::StrCat("nests deeper than ", kMaxDepth, " levels"));
+      return;
+    }
+    stack_.push_back(node);
+  }
+  void Close() {
+    if (status_.ok() && !stack_.empty()) stack_.pop_back();
+  }
+
+  absl::Status status_;
+  Yaml root_;
+  std::vector<Yaml*> stack_;
+  int documents_ = 0;
+  int nodes_ = 0;
+};
+
+absl::StatusOr<Yaml> ParseYaml(const std::string& text) {
+  std::istringstream in(text);
+  TreeBuilder builder;
+  try {
+    YAML::Parser parser(in);
+    while (builder.status().ok() && parser.HandleNextDocument(builder)) {
+    }
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) {
+      return Bad("", absl::StrCat("not valid YAML: ", e.msg));
+    }
+    return Bad("", absl::StrCat("not valid YAML at line ", e.mark.line + 1,
+                                ", column ", e.mark.column + 1, ": ", e.msg));
+  }
+  if (!builder.status().ok()) return builder.status();
+  return builder.root();
+}
+
+// ---- Flattening: "path" -> value, so files and overrides share Set --------
+
+struct Value {
+  std::string text;
+  int line = 0;  // 0: from an override.
+};
+using Flat = std::map<std::string, Value>;
+
+// Keys of a map must be non-empty names, each given once (else one value
+// would silently win).
+absl::Status CheckKeys(const Yaml& map, absl::string_view path) {
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i + 1 < map.items.size(); i += 2) {
+    const Yaml& key = map.items[i];
+    if (key.type != Yaml::Type::kScalar || key.scalar.empty()) {
+      return Bad(
+          Where(path.empty() ? "the document" : path, key.line),
+          absl::StrCat(
+              "has a key that is ",
+              key.type == Yaml::Type::kScalar ? "empty" : TypeName(key.type),
+              "; keys must be names"));
+    }
+    auto [it, inserted] = seen.emplace(key.scalar, key.line);
+    if (!inserted) {
+      std::string field = path.empty()
+                              ? Escape(key.scalar)
+                              : absl::StrCat(path, ".", Escape(key.scalar));
+      return Bad(field,
+                 absl::StrCat("appears twice in one map (lines ", it->second,
+                              " and ", key.line, "): one would silently win"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Duration> Duration(const std::string& field,
-                                        const std::string& v) {
+// A setting: a value, or empty (Set refuses that for the field).
+absl::Status Leaf(const std::string& field, const Yaml& key, const Yaml& value,
+                  Flat* flat) {
+  if (value.type == Yaml::Type::kMap || value.type == Yaml::Type::kSequence) {
+    return Bad(
+        Where(field, key.line),
+        absl::StrCat("must be a single value, not ", TypeName(value.type)));
+  }
+  (*flat)[field] = Value{.text = value.scalar, .line = key.line};
+  return absl::OkStatus();
+}
+
+// A section (registry, kinds) that is present must not be empty.
+absl::Status Section(const std::string& field, const Yaml& key,
+                     const Yaml& value, Yaml::Type want) {
+  if (value.type == Yaml::Type::kNull) {
+    return Bad(Where(field, key.line), "must not be empty");
+  }
+  if (value.type != want) {
+    return Bad(Where(field, key.line),
+               absl::StrCat("must be ", TypeName(want), ", not ",
+                            TypeName(value.type)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKindName(const std::string& field, const std::string& name);
+
+absl::Status FlattenKinds(const Yaml& list, Flat* flat,
+                          std::vector<std::string>* kind_order) {
+  if (list.items.size() > kPodConfigMaxKinds) {
+    return Bad(Where("kinds", list.line),
+               absl::StrCat("must name at most ", kPodConfigMaxKinds,
+                            " kinds, got ", list.items.size()));
+  }
+  for (size_t i = 0; i < list.items.size(); ++i) {
+    const Yaml& entry = list.items[i];
+    std::string at = absl::StrCat("kinds[", i, "]");
+    if (entry.type != Yaml::Type::kMap) {
+      return Bad(Where(at, entry.line), "must be a map with a \"kind\" name");
+    }
+    SETPOINT_RETURN_IF_ERROR(CheckKeys(entry, at));
+    const Yaml* name = nullptr;
+    for (size_t j = 0; j + 1 < entry.items.size(); j += 2) {
+      if (entry.items[j].scalar == "kind") name = &entry.items[j + 1];
+    }
+    if (name == nullptr) {
+      return Bad(Where(at, entry.line), "must be a map with a \"kind\" name");
+    }
+    std::string field = Where(at + ".kind", name->line);
+    if (name->type == Yaml::Type::kMap || name->type == Yaml::Type::kSequence) {
+      return Bad(field,
+                 absl::StrCat("must be a name, not ", TypeName(name->type)));
+    }
+    SETPOINT_RETURN_IF_ERROR(CheckKindName(field, name->scalar));
+    if (std::find(kind_order->begin(), kind_order->end(), name->scalar) !=
+        kind_order->end()) {
+      return Bad(field,
+                 absl::StrCat("\"", name->scalar,
+                              "\" appears twice: node ids would repeat"));
+    }
+    kind_order->push_back(name->scalar);
+    for (size_t j = 0; j + 1 < entry.items.size(); j += 2) {
+      const Yaml& key = entry.items[j];
+      if (key.scalar == "kind") continue;
+      if (key.scalar != "count" && key.scalar != "ring_size") {
+        return Bad(Where(absl::StrCat(at, ".", Escape(key.scalar)), key.line),
+                   "is not a known key (kind, count, ring_size)");
+      }
+      SETPOINT_RETURN_IF_ERROR(
+          Leaf(absl::StrCat("kinds.", name->scalar, ".", key.scalar), key,
+               entry.items[j + 1], flat));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Flatten(const Yaml& root, Flat* flat,
+                     std::vector<std::string>* kind_order) {
+  if (root.type == Yaml::Type::kNull) return absl::OkStatus();
+  if (root.type != Yaml::Type::kMap) {
+    return Bad(
+        Where("the document", root.line),
+        absl::StrCat("must be a map of settings, not ", TypeName(root.type)));
+  }
+  SETPOINT_RETURN_IF_ERROR(CheckKeys(root, ""));
+  for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
+    const Yaml& key = root.items[i];
+    const Yaml& value = root.items[i + 1];
+    if (Contains(kTopKeys, key.scalar)) {
+      SETPOINT_RETURN_IF_ERROR(Leaf(key.scalar, key, value, flat));
+    } else if (key.scalar == "registry") {
+      SETPOINT_RETURN_IF_ERROR(
+          Section("registry", key, value, Yaml::Type::kMap));
+      SETPOINT_RETURN_IF_ERROR(CheckKeys(value, "registry"));
+      for (size_t j = 0; j + 1 < value.items.size(); j += 2) {
+        const Yaml& k = value.items[j];
+        std::string field = absl::StrCat("registry.", Escape(k.scalar));
+        if (!Contains(kRegistryKeys, k.scalar)) {
+          return Bad(Where(field, k.line), "is not a known key");
+        }
+        SETPOINT_RETURN_IF_ERROR(Leaf(field, k, value.items[j + 1], flat));
+      }
+    } else if (key.scalar == "kinds") {
+      SETPOINT_RETURN_IF_ERROR(
+          Section("kinds", key, value, Yaml::Type::kSequence));
+      SETPOINT_RETURN_IF_ERROR(FlattenKinds(value, flat, kind_order));
+    } else {
+      return Bad(Where(Escape(key.scalar), key.line), "is not a known key");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- Values ---------------------------------------------------------------
+
+absl::Status CheckNoControl(const std::string& field, const std::string& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return Bad(field, absl::StrFormat(
+                            "must not contain control characters, got \\x%02x "
+                            "at byte %d",
+                            c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Ids end up in node ids, Redis keys and log lines.
+absl::Status CheckId(const std::string& field, const std::string& v) {
+  if (v.empty()) return Bad(field, "must not be empty");
+  for (size_t i = 0; i < v.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    if (c <= 0x20 || c >= 0x7f) {
+      return Bad(field, absl::StrFormat("must be printable ASCII without "
+                                        "spaces, got \\x%02x at byte %d",
+                                        c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKindName(const std::string& field, const std::string& name) {
+  SETPOINT_RETURN_IF_ERROR(CheckId(field, name));
+  if (name.find_first_of("./") != std::string::npos) {
+    return Bad(field, absl::StrCat("must not contain '.' (overrides name "
+                                   "kinds.<kind>.<key>) or '/' (node ids are "
+                                   "<pod>/<kind>/<index>), got \"",
+                                   Escape(name), "\""));
+  }
+  return absl::OkStatus();
+}
+
+// Durations the registry can carry: finite whole milliseconds, 1ms..24h (or
+// 0 when `zero_ok`).
+absl::StatusOr<absl::Duration> Millis(const std::string& field,
+                                      const std::string& v, bool zero_ok) {
   absl::Duration d;
   if (!absl::ParseDuration(v, &d)) {
+    return Bad(field, absl::StrCat("\"", Escape(v),
+                                   "\" is not a duration (like 500ms, 3s)"));
+  }
+  if (d == absl::InfiniteDuration() || d == -absl::InfiniteDuration()) {
+    return Bad(field, absl::StrCat("must be finite, got \"", Escape(v), "\""));
+  }
+  if (zero_ok && d == absl::ZeroDuration()) return d;
+  if (d < absl::Milliseconds(1)) {
+    return Bad(field, absl::StrCat("must be >= 1ms",
+                                   zero_ok ? " (or 0 for the default)" : "",
+                                   ", got ", absl::FormatDuration(d)));
+  }
+  if (d > kMaxDuration) {
     return Bad(field,
-               absl::StrCat("\"", v, "\" is not a duration (like 500ms, 3s)"));
+               absl::StrCat("must be <= ", absl::FormatDuration(kMaxDuration),
+                            ", got ", absl::FormatDuration(d)));
+  }
+  if (d % absl::Milliseconds(1) != absl::ZeroDuration()) {
+    return Bad(field, absl::StrCat("must be a whole number of milliseconds "
+                                   "(the registry counts ms), got ",
+                                   absl::FormatDuration(d)));
   }
   return d;
 }
 
-template <typename T>
-absl::StatusOr<T> Integer(const std::string& field, const std::string& v) {
-  T n;
+absl::StatusOr<int64_t> Integer(const std::string& field, const std::string& v,
+                                int64_t lo, int64_t hi,
+                                absl::string_view why = "") {
+  int64_t n;
   if (!absl::SimpleAtoi(v, &n)) {
-    return Bad(field, absl::StrCat("\"", v, "\" is not a whole number"));
+    return Bad(field,
+               absl::StrCat("\"", Escape(v), "\" is not a whole number"));
+  }
+  if (n < lo || n > hi) {
+    return Bad(field,
+               absl::StrCat("must be in ", lo, "..", hi,
+                            why.empty() ? "" : absl::StrCat(" (", why, ")"),
+                            ", got ", n));
   }
   return n;
 }
 
-absl::Status Set(PodConfig& c, const std::string& key, const std::string& v,
-                 std::vector<std::string>& kind_order) {
-  auto dur = [&](absl::Duration* out) -> absl::Status {
-    absl::StatusOr<absl::Duration> d = Duration(key, v);
-    if (!d.ok()) return d.status();
-    *out = *d;
+// Reads a regular file of at most `limit` bytes. Anything else is refused
+// before it is opened (a FIFO would block, /dev/zero never ends). Messages
+// start with what is wrong ("is a directory"), for the caller to prefix
+// with the path.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path,
+                                            size_t limit) {
+  auto type_error = [](const struct stat& st) {
+    if (S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError("is a directory, not a file");
+    }
+    const char* what = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a file";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "is not a regular file (", what, "); refusing to read it"));
+  };
+  auto errno_error = [](int err, absl::string_view what) {
+    std::string msg =
+        absl::StrCat(what, ": ", std::generic_category().message(err));
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(msg);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+    return absl::InvalidArgumentError(msg);
+  };
+  auto too_big = [limit](uint64_t size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("is ", size, " bytes or more; the limit is ", limit));
+  };
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return errno_error(errno, "cannot read");
+  if (!S_ISREG(st.st_mode)) return type_error(st);
+  if (static_cast<uint64_t>(st.st_size) > limit) return too_big(st.st_size);
+  // O_NONBLOCK: should the path have become a FIFO since, opening it does
+  // not wait for a writer.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return errno_error(errno, "cannot open");
+  std::string text;
+  absl::Status status;
+  if (fstat(fd, &st) != 0) {
+    status = errno_error(errno, "cannot stat");
+  } else if (!S_ISREG(st.st_mode)) {
+    status = type_error(st);
+  } else {
+    // Read one byte past the limit: a file that grows (or a /proc file that
+    // reports size 0) is still bounded.
+    char buf[16 << 10];
+    while (status.ok()) {
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = errno_error(errno, "cannot read");
+      } else if (n == 0) {
+        break;
+      } else if (text.size() + static_cast<size_t>(n) > limit) {
+        status = too_big(text.size() + n);
+      } else {
+        text.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
+absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
+  const std::string field = Where(Escape(key), value.line);
+  absl::string_view rest = key;
+  std::string kind_name;
+  std::string kind_key;
+  if (absl::ConsumePrefix(&rest, "kinds.")) {
+    std::vector<std::string> parts = absl::StrSplit(rest, '.');
+    if (parts.size() != 2) {
+      return Bad(field, "must look like kinds.<kind>.<count|ring_size>");
+    }
+    kind_name = parts[0];
+    kind_key = parts[1];
+    if (kind_key != "count" && kind_key != "ring_size") {
+      return Bad(field, "is not a known key (count, ring_size)");
+    }
+    SETPOINT_RETURN_IF_ERROR(CheckKindName(field + " kind", kind_name));
+  } else if (!Contains(kTopKeys, key) &&
+             !(absl::ConsumePrefix(&rest, "registry.") &&
+               Contains(kRegistryKeys, rest))) {
+    return Bad(field, "is not a known key");
+  }
+  const std::string& v = value.text;
+  if (v.empty()) return Bad(field, "must not be empty");
+  // Passwords are opaque (and never echoed).
+  if (key != "registry.password") {
+    SETPOINT_RETURN_IF_ERROR(CheckNoControl(field, v));
+  }
+  auto dur = [&](absl::Duration* out, bool zero_ok) -> absl::Status {
+    SETPOINT_ASSIGN_OR_RETURN(*out, Millis(field, v, zero_ok));
     return absl::OkStatus();
   };
   NodeManagerOptions& m = c.manager;
   RedisNodeRegistryOptions& r = c.redis;
-  if (key == "pod_id") {
+  if (!kind_name.empty()) {
+    NodeKindOptions* kind = nullptr;
+    for (auto& k : m.kinds) {
+      if (k.kind == kind_name) kind = &k;
+    }
+    if (kind == nullptr) {
+      m.kinds.push_back(NodeKindOptions{.kind = kind_name});
+      kind = &m.kinds.back();
+    }
+    if (kind_key == "count") {
+      SETPOINT_ASSIGN_OR_RETURN(int64_t n,
+                                Integer(field, v, 1, kPodConfigMaxCount,
+                                        "nodes of one kind in one pod"));
+      kind->count = static_cast<int>(n);
+    } else {
+      SETPOINT_ASSIGN_OR_RETURN(int64_t n,
+                                Integer(field, v, 1, kPodConfigMaxRingSize));
+      kind->ring_size = static_cast<uint32_t>(n);
+    }
+  } else if (key == "pod_id") {
+    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
+    if (v.find('/') != std::string::npos) {
+      return Bad(field, absl::StrCat("must not contain '/' (node ids are "
+                                     "<pod>/<kind>/<index>), got \"",
+                                     Escape(v), "\""));
+    }
     m.pod_id = v;
   } else if (key == "poll_interval") {
-    return dur(&m.poll_interval);
+    return dur(&m.poll_interval, false);
   } else if (key == "lease") {
-    return dur(&m.lease);
+    return dur(&m.lease, false);
   } else if (key == "fence_margin") {
-    return dur(&m.fence_margin);
+    return dur(&m.fence_margin, true);
   } else if (key == "operation_timeout") {
-    return dur(&m.operation_timeout);
+    return dur(&m.operation_timeout, false);
   } else if (key == "registry.type") {
     if (v != "memory" && v != "redis") {
-      return Bad(key, absl::StrCat("must be memory or redis, got \"", v, "\""));
+      return Bad(field, absl::StrCat("must be memory or redis, got \"",
+                                     Escape(v), "\""));
     }
     c.registry_type = v;
   } else if (key == "registry.address") {
     r.address = v;
   } else if (key == "registry.username") {
+    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
     r.username = v;
   } else if (key == "registry.password") {
     r.password = v;
   } else if (key == "registry.password_env") {
-    const char* value = std::getenv(v.c_str());
-    if (value == nullptr) {
-      return Bad(key, absl::StrCat("names $", v, ", which is not set"));
+    const char* env = std::getenv(v.c_str());
+    if (env == nullptr) {
+      return Bad(field,
+                 absl::StrCat("names $", Escape(v), ", which is not set"));
     }
-    r.password = value;
+    if (*env == '\0') {
+      return Bad(field,
+                 absl::StrCat("names $", Escape(v),
+                              ", which is empty: AUTH would be skipped"));
+    }
+    r.password = env;
   } else if (key == "registry.password_file") {
-    std::ifstream in(v);
-    if (!in) return Bad(key, absl::StrCat("cannot read \"", v, "\""));
-    std::getline(in, r.password);
+    absl::StatusOr<std::string> text =
+        ReadRegularFile(v, kMaxPasswordFileBytes);
+    if (!text.ok()) {
+      return Bad(field,
+                 absl::StrCat("\"", Escape(v), "\" ", text.status().message()));
+    }
+    std::string line = text->substr(0, text->find('\n'));
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) {
+      return Bad(field, absl::StrCat("\"", Escape(v),
+                                     "\" has no password on its first line: "
+                                     "AUTH would be skipped"));
+    }
+    r.password = std::move(line);
   } else if (key == "registry.db") {
-    absl::StatusOr<int> n = Integer<int>(key, v);
-    if (!n.ok()) return n.status();
-    r.db = *n;
+    SETPOINT_ASSIGN_OR_RETURN(
+        int64_t n, Integer(field, v, 0, std::numeric_limits<int>::max()));
+    r.db = static_cast<int>(n);
   } else if (key == "registry.namespace") {
+    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
     r.ns = v;
   } else if (key == "registry.connect_timeout") {
-    return dur(&r.connect_timeout);
+    return dur(&r.connect_timeout, false);
   } else if (key == "registry.command_timeout") {
-    return dur(&r.command_timeout);
-  } else if (absl::StartsWith(key, "kinds.")) {
-    std::vector<std::string> parts = absl::StrSplit(key, '.');
-    if (parts.size() != 3) {
-      return Bad(key, "must look like kinds.<kind>.<count|ring_size>");
-    }
-    const std::string& name = parts[1];
-    auto it = std::find(kind_order.begin(), kind_order.end(), name);
-    if (it == kind_order.end()) kind_order.push_back(name);
-    NodeKindOptions* kind = nullptr;
-    for (auto& k : m.kinds) {
-      if (k.kind == name) kind = &k;
-    }
-    if (kind == nullptr) {
-      m.kinds.push_back(NodeKindOptions{.kind = name});
-      kind = &m.kinds.back();
-    }
-    std::string field = absl::StrCat("kinds.", name, ".", parts[2]);
-    if (parts[2] == "count") {
-      absl::StatusOr<int> n = Integer<int>(field, v);
-      if (!n.ok()) return n.status();
-      kind->count = *n;
-    } else if (parts[2] == "ring_size") {
-      absl::StatusOr<int64_t> n = Integer<int64_t>(field, v);
-      if (!n.ok()) return n.status();
-      if (*n <= 0 || *n > 1'000'000'000) {
-        return Bad(field, absl::StrCat("must be in 1..1e9, got ", *n));
-      }
-      kind->ring_size = static_cast<uint32_t>(*n);
-    } else {
-      return Bad(field, "is not a known key (count, ring_size)");
-    }
-  } else {
-    return Bad(key, "is not a known key");
+    return dur(&r.command_timeout, false);
   }
   return absl::OkStatus();
+}
+
+// Settings that make sense alone but not together.
+absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
+  std::vector<std::string> passwords;
+  bool registry_settings = false;
+  for (const auto& [key, value] : flat) {
+    if (Contains(kPasswordKeys, key)) passwords.push_back(key);
+    if (absl::StartsWith(key, "registry.") && key != "registry.type") {
+      registry_settings = true;
+    }
+  }
+  if (passwords.size() > 1) {
+    return Bad(absl::StrJoin(passwords, " and "),
+               "exclude each other: give one");
+  }
+  if (registry_settings && flat.count("registry.type") == 0) {
+    return Bad("registry.type",
+               "must be given (memory or redis) with other registry "
+               "settings: without it every pod would use its own in-memory "
+               "registry and own the whole ring");
+  }
+  if (c.manager.kinds.size() > kPodConfigMaxKinds) {
+    return Bad("kinds", absl::StrCat("must name at most ", kPodConfigMaxKinds,
+                                     " kinds, got ", c.manager.kinds.size()));
+  }
+  const absl::Duration poll = c.manager.poll_interval;
+  const absl::Duration lease = c.manager.lease;
+  const char* why =
+      ": a renewal must be able to fail once and still leave time before the "
+      "fence";
+  if (lease <= poll) {
+    return Bad("lease", absl::StrCat("(", absl::FormatDuration(lease),
+                                     ") must be > poll_interval (",
+                                     absl::FormatDuration(poll),
+                                     "), and >= 2 * poll_interval", why));
+  }
+  if (lease < 2 * poll) {
+    return Bad("lease", absl::StrCat("(", absl::FormatDuration(lease),
+                                     ") must be >= 2 * poll_interval (",
+                                     absl::FormatDuration(poll), ")", why));
+  }
+  const bool explicit_margin = c.manager.fence_margin > absl::ZeroDuration();
+  const absl::Duration margin =
+      explicit_margin ? c.manager.fence_margin : std::max(lease / 5, poll);
+  if (margin >= lease - poll) {
+    return Bad("fence_margin",
+               absl::StrCat("(",
+                            explicit_margin ? ""
+                                            : "default max(20% of "
+                                              "lease, poll_interval) "
+                                              "= ",
+                            absl::FormatDuration(margin),
+                            ") must be < lease - poll_interval (",
+                            absl::FormatDuration(lease - poll),
+                            "): else a node fences before every renewal",
+                            explicit_margin ? "" : "; raise lease"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PodConfig> Parse(const std::string& yaml,
+                                const std::vector<std::string>& overrides) {
+  if (yaml.size() > kPodConfigMaxBytes) {
+    return Bad("", absl::StrCat("is ", yaml.size(), " bytes; the limit is ",
+                                kPodConfigMaxBytes));
+  }
+  Flat flat;
+  std::vector<std::string> kind_order;
+  SETPOINT_ASSIGN_OR_RETURN(Yaml root, ParseYaml(yaml));
+  SETPOINT_RETURN_IF_ERROR(Flatten(root, &flat, &kind_order));
+  for (const std::string& o : overrides) {
+    absl::string_view rest = o;
+    const bool dashes = absl::ConsumePrefix(&rest, "--");
+    const size_t eq = rest.find('=');
+    if (!dashes || eq == absl::string_view::npos || eq == 0) {
+      // Never echo a value: it may be a password.
+      const size_t end = o.find('=');
+      absl::string_view shown = absl::string_view(o).substr(
+          0, end == std::string::npos ? end : end + 1);
+      return Bad(absl::StrCat("override \"", Escape(shown), "\""),
+                 "must look like --path=value");
+    }
+    std::string path(rest.substr(0, eq));
+    if (path == "kinds") return Bad("--kinds", "set kinds.<kind>.count");
+    // An override of one password source replaces the file's.
+    if (Contains(kPasswordKeys, path)) {
+      for (absl::string_view k : kPasswordKeys) {
+        auto it = flat.find(std::string(k));
+        if (it != flat.end() && it->second.line > 0) flat.erase(it);
+      }
+    }
+    flat[path] = Value{.text = std::string(rest.substr(eq + 1)), .line = 0};
+  }
+  PodConfig config;
+  // Kinds first, in file order, so the order of nodes stays as written.
+  for (const std::string& name : kind_order) {
+    config.manager.kinds.push_back(NodeKindOptions{.kind = name});
+  }
+  for (const auto& [key, value] : flat) {
+    SETPOINT_RETURN_IF_ERROR(Set(config, key, value));
+  }
+  SETPOINT_RETURN_IF_ERROR(CheckTogether(config, flat));
+  // The checks of the options' owners, but for the parts code supplies
+  // (factories, registry).
+  static InMemoryNodeRegistry* placeholder = new InMemoryNodeRegistry();
+  NodeManagerOptions check = config.manager;
+  check.registry = placeholder;
+  for (auto& k : check.kinds) {
+    k.factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
+      return nullptr;
+    };
+  }
+  SETPOINT_RETURN_IF_ERROR(ValidateNodeManagerOptions(check));
+  if (config.registry_type == "redis") {
+    SETPOINT_RETURN_IF_ERROR(ValidateRedisNodeRegistryOptions(config.redis));
+  }
+  return config;
 }
 
 }  // namespace
@@ -203,77 +778,19 @@ std::string PodConfig::ToString() const {
 
 absl::StatusOr<PodConfig> ParsePodConfig(
     const std::string& yaml, const std::vector<std::string>& overrides) {
-  std::map<std::string, std::string> flat;
-  std::vector<std::string> kind_order;
-  try {
-    YAML::Node root = YAML::Load(yaml);
-    if (absl::Status s = Flatten(root, "", &flat, &kind_order); !s.ok()) {
-      return s;
-    }
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pod config: not valid YAML at line ", e.mark.line + 1,
-                     ", column ", e.mark.column + 1, ": ", e.msg));
-  }
-  for (const std::string& o : overrides) {
-    absl::string_view rest = o;
-    if (!absl::ConsumePrefix(&rest, "--")) {
-      return Bad(o, "is not an override (--path=value)");
-    }
-    std::pair<std::string, std::string> kv =
-        absl::StrSplit(rest, absl::MaxSplits('=', 1));
-    if (kv.first.empty() || rest.find('=') == absl::string_view::npos) {
-      return Bad(o, "is not an override (--path=value)");
-    }
-    if (kv.first == "kinds") return Bad("--kinds", "set kinds.<kind>.count");
-    flat[kv.first] = kv.second;
-  }
-  PodConfig config;
-  // Kinds first, in file order, so the order of nodes stays as written.
-  for (const std::string& name : kind_order) {
-    config.manager.kinds.push_back(NodeKindOptions{.kind = name});
-  }
-  for (const auto& [key, value] : flat) {
-    if (absl::Status s = Set(config, key, value, kind_order); !s.ok()) {
-      return s;
-    }
-  }
-  // Check all but the parts code supplies (factories, registry).
-  static InMemoryNodeRegistry* placeholder = new InMemoryNodeRegistry();
-  NodeManagerOptions check = config.manager;
-  check.registry = placeholder;
-  for (auto& k : check.kinds) {
-    k.factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
-      return nullptr;
-    };
-  }
-  if (absl::Status s = ValidateNodeManagerOptions(check); !s.ok()) {
-    return Bad("", std::string(s.message()));
-  }
-  if (config.registry_type == "redis") {
-    if (absl::Status s = ValidateRedisNodeRegistryOptions(config.redis);
-        !s.ok()) {
-      return Bad("", std::string(s.message()));
-    }
-  }
+  absl::StatusOr<PodConfig> config = Parse(yaml, overrides);
+  if (!config.ok()) return Prefixed("pod config: ", config.status());
   return config;
 }
 
 absl::StatusOr<PodConfig> LoadPodConfig(
     const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return ParsePodConfig("", overrides);
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("pod config: cannot read \"", path, "\""));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<PodConfig> config = ParsePodConfig(text.str(), overrides);
-  if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", config.status().message()));
-  }
+  const std::string prefix = absl::StrCat("pod config ", Escape(path), ": ");
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kPodConfigMaxBytes);
+  if (!text.ok()) return Prefixed(prefix, text.status());
+  absl::StatusOr<PodConfig> config = Parse(*text, overrides);
+  if (!config.ok()) return Prefixed(prefix, config.status());
   return config;
 }
 

@@ -22,13 +22,44 @@
 //
 // Overrides use the YAML paths: --pod_id=x, --lease=5s, --registry.address=h:1,
 // --kinds.vm.count=4. Durations take absl's format ("500ms", "3s", "1m").
-// Unknown keys are errors (a typo must not silently keep a default).
 // Passwords never appear in errors or in ToString().
+//
+// Rules (each refusal is kInvalidArgument naming the field, and the line
+// when it comes from the file):
+//  - Unknown keys are errors whatever their value (a typo must not silently
+//    keep a default); a known key with an empty or null value is an error
+//    ("lease:" is not "the default lease"). A key given twice in one YAML
+//    map is an error naming both lines. registry.* settings need an explicit
+//    registry.type (else every pod would use the in-memory registry and own
+//    the whole ring). password, password_env and password_file exclude each
+//    other.
+//  - Durations are finite whole milliseconds (the registry counts ms),
+//    1ms..24h; fence_margin may also be 0 (the default margin).
+//  - lease >= 2 * poll_interval: a renewal must be able to fail once and
+//    still leave time before the fence. The effective fence margin
+//    (fence_margin, or max(20% of lease, poll_interval) when 0) must be
+//    < lease - poll_interval, or a node would fence before every renewal.
+//  - count is 1..kPodConfigMaxCount per kind, at most kPodConfigMaxKinds
+//    kinds, ring_size 1..kPodConfigMaxRingSize, db 0..2^31-1.
+//  - pod_id, kind names, registry.namespace and registry.username are
+//    printable ASCII without spaces (the error names the offending byte as
+//    \xNN); kind names have no '.' or '/'. No other value but the password
+//    may hold control characters. Overrides get the same checks.
+//  - One YAML document per file, nested at most 32 deep, at most
+//    kPodConfigMaxBytes. YAML aliases (*name, and merge keys using them)
+//    are refused: a pod config has no need for them, and they let a small
+//    file expand exponentially ("billion laughs") or refer to itself.
+//  - LoadPodConfig reads only regular files (a directory, FIFO or device such
+//    as /dev/zero is refused without reading it); the same holds for
+//    registry.password_file, whose first line must be a non-empty password
+//    (else AUTH would silently be skipped).
 //
 // Thread safety: value types and pure functions.
 #ifndef SETPOINT_NODE_POD_CONFIG_H_
 #define SETPOINT_NODE_POD_CONFIG_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -37,6 +68,15 @@
 #include "setpoint/registry/redis_node_registry.h"
 
 namespace setpoint {
+
+// The largest pod config text or file (1 MiB).
+inline constexpr size_t kPodConfigMaxBytes = size_t{1} << 20;
+// The most nodes of one kind in one pod (each runs two threads).
+inline constexpr int kPodConfigMaxCount = 1024;
+// The most kinds in one pod.
+inline constexpr size_t kPodConfigMaxKinds = 64;
+// The largest ring (1 << 20 shards).
+inline constexpr int64_t kPodConfigMaxRingSize = int64_t{1} << 20;
 
 struct PodConfig {
   // Everything but the factories, registry, clock and logger, which code
@@ -50,12 +90,17 @@ struct PodConfig {
   std::string ToString() const;
 };
 
-// Parses YAML text, then applies `overrides` ("--path=value"), then
-// validates. kInvalidArgument naming the field (or the YAML line) on error.
+// Parses YAML text, then applies `overrides` ("--path=value", a later one
+// wins over an earlier one and over the file), then validates by the rules
+// above. Returns kInvalidArgument naming the field (or the YAML line); the
+// caller should print it and exit: retrying cannot help.
 absl::StatusOr<PodConfig> ParsePodConfig(
     const std::string& yaml, const std::vector<std::string>& overrides = {});
-// Reads `path` (kNotFound if missing) and parses it as above. An empty path
-// starts from the defaults.
+// Reads `path` and parses it as above; errors start with
+// "pod config <path>:". Returns kNotFound if it does not exist,
+// kPermissionDenied if it cannot be opened, kInvalidArgument if it is not a
+// regular file or larger than kPodConfigMaxBytes, or as ParsePodConfig. An
+// empty path starts from the defaults.
 absl::StatusOr<PodConfig> LoadPodConfig(
     const std::string& path, const std::vector<std::string>& overrides = {});
 
