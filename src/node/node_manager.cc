@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,8 +36,12 @@ struct NodeManager::Slot {
   bool failed = false;
   // Fenced and deregistered; the run thread may restart Run.
   bool restart_ok = false;
-  // The empty range was delivered because renewals failed.
+  // Fenced (renewals failed, the lease lapsed, the record differed or the
+  // state is new): the empty range was queued, and the node waits for a
+  // renewal in time before it may be granted anything again.
   bool lease_fenced = false;
+  // The relay is inside UpdateShardRange with queue.front().
+  bool in_call = false;
   bool running = false;
   int restarts = 0;
   std::jthread relay;
@@ -106,6 +111,10 @@ absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
   }
   if (o.operation_timeout <= absl::ZeroDuration()) {
     return Invalid("operation_timeout", "must be > 0");
+  }
+  if (o.nudge_burst <= 0) {
+    return Invalid("nudge_burst",
+                   absl::StrCat("must be > 0, got ", o.nudge_burst));
   }
   if (absl::Status s = ValidateBackoffOptions(o.restart_backoff); !s.ok()) {
     return Invalid("restart_backoff", std::string(s.message()));
@@ -178,6 +187,7 @@ absl::Status NodeManager::Start() {
   }
   loop_ = std::jthread([this](std::stop_token stop) {
     pthread_setname_np(pthread_self(), "sp-registry");
+    loop_id_.store(std::this_thread::get_id());
     Loop(stop);
   });
   SPDLOG_LOGGER_INFO(logger_, "node manager started pod={} nodes={}", pod_id_,
@@ -214,10 +224,52 @@ void NodeManager::Stop() {
 }
 
 void NodeManager::Wake() {
+  // A change announcement: poll soon, within the nudge rate limit. One
+  // that arrives on the protocol thread itself comes from our own write
+  // (a registry that notifies synchronously): we know about it already.
+  if (std::this_thread::get_id() == loop_id_.load()) return;
   MutexLock l(&mu_);
-  wake_ = true;
-  poll_needed_ = true;
+  ++stats_.nudges;
+  nudged_ = true;
+  nudge_arrived_ = true;
   cv_.SignalAll();
+}
+
+bool NodeManager::TakeNudgeToken(absl::Time now) {
+  const double burst = options_.nudge_burst;
+  const absl::Duration refill = options_.poll_interval / 10;
+  if (nudge_refilled_ == absl::InfinitePast()) {
+    nudge_tokens_ = burst;
+  } else if (now > nudge_refilled_) {
+    nudge_tokens_ =
+        std::min(burst, nudge_tokens_ +
+                            absl::FDivDuration(now - nudge_refilled_, refill));
+  }
+  nudge_refilled_ = now;
+  if (nudge_tokens_ >= 1) {
+    nudge_tokens_ -= 1;
+    return true;
+  }
+  return false;
+}
+
+absl::Time NodeManager::FenceDeadline() const {
+  return renewed_at_ + options_.lease - fence_margin_;
+}
+
+bool NodeManager::Working(const Slot& slot) {
+  return !slot.active.range.Empty() ||
+         (!slot.queue.empty() && !slot.queue.back().range.Empty());
+}
+
+Context NodeManager::CallContext() {
+  Context ctx =
+      Context::Background(clock_).WithTimeout(options_.operation_timeout);
+  MutexLock l(&mu_);
+  for (const auto& slot : slots_) {
+    if (Working(*slot)) return ctx.WithDeadline(FenceDeadline());
+  }
+  return ctx;
 }
 
 std::vector<NodeState> NodeManager::Nodes() const {
@@ -252,28 +304,45 @@ void NodeManager::Loop(std::stop_token stop) {
     }
     Tick();
     MutexLock l(&mu_);
-    absl::Time next = clock_->Now() + options_.poll_interval;
-    // Wake in time to fence if renewals keep failing.
-    bool working = false;
-    for (const auto& slot : slots_) {
-      working = working || !slot->active.range.Empty() || !slot->queue.empty();
+    while (true) {
+      absl::Time now = clock_->Now();
+      if (nudged_) {
+        if (TakeNudgeToken(now)) {
+          nudged_ = false;
+          poll_needed_ = true;
+        } else if (nudge_arrived_) {
+          ++stats_.nudges_deferred;
+        }
+      }
+      nudge_arrived_ = false;
+      if (now >= next_poll_) poll_needed_ = true;
+      bool working = false;
+      for (const auto& slot : slots_) working = working || Working(*slot);
+      // Woken only because a node returned from UpdateShardRange (wake_):
+      // act on the view of the last poll (kept up to date with our own
+      // releases and grants) instead of spending a round trip.
+      if (poll_needed_ || wake_ || stopping_ || stop.stop_requested() ||
+          (working && now >= FenceDeadline())) {
+        break;
+      }
+      absl::Time next = next_poll_;
+      // Wake in time to fence if renewals keep failing (the relays fence
+      // on their own too).
+      if (working) next = std::min(next, FenceDeadline());
+      if (nudged_) {
+        next =
+            std::min(next, nudge_refilled_ + (1 - nudge_tokens_) *
+                                                 (options_.poll_interval / 10));
+      }
+      waiting_ = true;
+      wait_until_ = next;
+      clock_->AwaitWithDeadline(&mu_, &cv_, next, stop,
+                                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                  return wake_ || stopping_ || nudge_arrived_;
+                                });
+      waiting_ = false;
     }
-    if (working && renewed_at_ != absl::InfinitePast()) {
-      next = std::min(next, renewed_at_ + options_.lease - fence_margin_);
-    }
-    waiting_ = true;
-    wait_until_ = next;
-    clock_->AwaitWithDeadline(&mu_, &cv_, next, stop,
-                              [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                return wake_ || stopping_;
-                              });
-    waiting_ = false;
     wake_ = false;
-    // Woken only because a node returned from UpdateShardRange: act on the
-    // view of the last poll (kept up to date with our own releases and
-    // grants) instead of spending a round trip; a handoff then takes one
-    // round trip per step.
-    if (clock_->Now() >= next) poll_needed_ = true;
   }
   GracefulLeave();
 }
@@ -282,7 +351,8 @@ void NodeManager::Tick() {
   // A process that was frozen (SIGSTOP, a long GC-like pause, a slow VM)
   // must stop before it spends a round trip on polling.
   SelfFence();
-  PollRequest request{.lease = options_.lease};
+  PollRequest request{.lease = options_.lease, .min_version = max_version_};
+  bool poll;
   {
     MutexLock l(&mu_);
     for (const auto& slot : slots_) {
@@ -290,13 +360,13 @@ void NodeManager::Tick() {
         request.kinds[slot->info.kind].push_back(slot->info.id);
       }
     }
-  }
-  absl::Time sent = clock_->Now();
-  bool poll;
-  {
-    MutexLock l(&mu_);
     poll = poll_needed_ || !last_view_.has_value();
     poll_needed_ = false;
+    if (poll) {
+      // This poll answers every announcement so far.
+      nudged_ = false;
+      next_poll_ = clock_->Now() + options_.poll_interval;
+    }
   }
   if (!poll) {
     for (auto& [kind, view] : last_view_->kinds) {
@@ -312,35 +382,60 @@ void NodeManager::Tick() {
     SelfFence();
     return;
   }
+  Context ctx = CallContext();
+  absl::Time sent = clock_->Now();
   absl::StatusOr<PollResult> result;
   if (!request.kinds.empty()) {
-    Context ctx =
-        Context::Background(clock_).WithTimeout(options_.operation_timeout);
     result = options_.registry->Poll(ctx, request);
   } else {
     result = PollResult{};
   }
+  std::optional<absl::Time> report;
   {
     MutexLock l(&mu_);
     ++stats_.polls;
     if (!result.ok()) {
       int64_t failures = ++stats_.poll_failures;
-      SPDLOG_LOGGER_WARN(logger_, "registry poll failed pod={} failures={}: {}",
-                         pod_id_, failures, result.status());
-    } else {
+      ++failure_streak_;
+      absl::Time now = clock_->Now();
+      if (failure_streak_ == 1 ||
+          now - last_failure_log_ >= absl::Seconds(10)) {
+        last_failure_log_ = now;
+        SPDLOG_LOGGER_WARN(logger_,
+                           "registry poll failed pod={} failures={} "
+                           "in_a_row={}: {}",
+                           pod_id_, failures, failure_streak_, result.status());
+      }
+    } else if (!request.kinds.empty()) {
+      failure_streak_ = 0;
+      // Sent after the deadline: the pod was without a lease for a while
+      // (frozen, cut off), and others may have taken its shards.
+      bool missed =
+          renewed_at_ != absl::InfinitePast() && sent >= FenceDeadline();
       renewed_at_ = sent;
-      for (auto& slot : slots_) slot->lease_fenced = false;
-      if (result->epoch != epoch_ && !request.kinds.empty()) {
+      if (missed) {
+        FenceAll("the lease lapsed before this renewal (frozen or cut off)");
+      }
+      if (result->epoch != epoch_) {
         if (!epoch_.empty()) {
           ++stats_.epoch_changes;
-          FenceAll("the registry's state is new (it forgot the old one)");
+          FenceAll("the registry's state is new (it forgot or went back)");
         }
         epoch_ = result->epoch;
       }
+      max_version_ = std::max(max_version_, result->version);
+      bool fencing = false;
+      for (auto& slot : slots_) {
+        if (slot->lease_fenced && !Working(*slot) && slot->queue.empty()) {
+          slot->lease_fenced = false;  // Stopped in time; may re-join.
+        }
+        fencing = fencing || slot->lease_fenced;
+      }
+      if (!fencing) report = sent + options_.lease - fence_margin_;
     }
   }
-  if (result.ok() && options_.on_lease_renewed) {
-    options_.on_lease_renewed(sent + options_.lease - fence_margin_);
+  if (report.has_value() && options_.on_lease_renewed) {
+    options_.on_lease_renewed(*report);
   }
   if (result.ok()) {
     last_view_ = std::move(*result);
@@ -370,24 +465,30 @@ void NodeManager::Tick() {
 }
 
 void NodeManager::SelfFence() {
-  // Stop before the lease can expire for the others.
+  // Stop before the lease can expire for the others. The relays do the
+  // same on their own timers; whoever looks first fences.
   MutexLock l(&mu_);
-  if (clock_->Now() >= renewed_at_ + options_.lease - fence_margin_) {
-    for (auto& slot : slots_) {
-      bool working =
-          !slot->active.range.Empty() ||
-          (!slot->queue.empty() && !slot->queue.back().range.Empty());
-      if (working && !slot->lease_fenced) {
-        slot->lease_fenced = true;
-        ++stats_.fences;
-        SPDLOG_LOGGER_WARN(logger_,
-                           "lease not renewed, node stops working node={} "
-                           "range={}",
-                           slot->info.id, slot->active.range);
-        Deliver(*slot, ShardAssignment{});
-      }
-    }
+  if (renewed_at_ == absl::InfinitePast() || clock_->Now() < FenceDeadline()) {
+    return;
   }
+  for (auto& slot : slots_) Fence(*slot, "lease not renewed in time");
+}
+
+void NodeManager::Fence(Slot& slot, const char* why) {
+  if (!Working(slot)) return;
+  // The empty range supersedes whatever the relay has not started.
+  if (slot.in_call) {
+    slot.queue.erase(slot.queue.begin() + 1, slot.queue.end());
+  } else {
+    slot.queue.clear();
+  }
+  slot.queue.push_back(ShardAssignment{});
+  slot.lease_fenced = true;
+  ++stats_.fences;
+  SPDLOG_LOGGER_WARN(logger_,
+                     "node stops working node={} range={} token={}: {}",
+                     slot.info.id, slot.active.range, slot.active.token, why);
+  cv_.SignalAll();
 }
 
 void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
@@ -396,19 +497,34 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
   auto held_it = view.held.find(id);
   std::optional<ShardAssignment> held;
   if (held_it != view.held.end()) held = held_it->second;
-  auto ctx = [this] {
-    return Context::Background(clock_).WithTimeout(options_.operation_timeout);
-  };
 
   ShardAssignment active;
   bool failed;
   {
     MutexLock l(&mu_);
     if (!slot.queue.empty() || stopping_) return;  // Wait for the relay.
-    if (slot.lease_fenced) return;  // Until a poll succeeds again.
+    if (slot.lease_fenced) return;                 // Until a renewal in time.
     active = slot.active;
     failed = slot.failed;
     if (failed) target = ShardRange{};
+    // The registry must record exactly what the node works on: its token,
+    // and a range that covers it (larger only between a shrink and its
+    // release). Anything else (the record expired, someone rewrote it, a
+    // grant whose reply was lost) means others may be granted these
+    // shards: stop at once.
+    if (!active.range.Empty() &&
+        (!held.has_value() || held->token != active.token ||
+         !held->range.Covers(active.range))) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "registry record differs from what the node holds "
+                         "node={} holds={} token={} recorded={} "
+                         "recorded_token={}",
+                         id, active.range, active.token,
+                         held ? held->range.ToString() : "nothing",
+                         held ? held->token : 0);
+      Fence(slot, "the registry's record differs from what the node holds");
+      return;
+    }
     // 1. Shrink first: the node stops outside the target before anything
     //    is published.
     if (!target.Covers(active.range)) {
@@ -418,32 +534,32 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
       Deliver(slot, smaller);
       return;
     }
-    // Our hold vanished from the registry (it expired there): others may
-    // be granted these shards now, so stop at once.
-    if (!held.has_value() && !active.range.Empty()) {
-      ++stats_.fences;
-      SPDLOG_LOGGER_WARN(logger_,
-                         "registry no longer records our range, node stops "
-                         "node={} range={}",
-                         id, active.range);
-      Deliver(slot, ShardAssignment{});
-      return;
-    }
   }
   // 2. Publish the release once the node works on less than it holds.
   if (held.has_value() && held->range != active.range) {
-    absl::Status s = options_.registry->Release(ctx(), kind, id, active.range);
+    absl::Status s =
+        options_.registry->Release(CallContext(), kind, id, active);
     MutexLock l(&mu_);
     if (s.ok()) {
       // Keep the cached view true to what we just wrote.
       if (active.range.Empty()) {
         view.held.erase(id);
       } else {
-        view.held[id] = ShardAssignment{active.range, held->token};
+        view.held[id] = active;
       }
       ++stats_.releases;
+      // Our other nodes may now grow into what this one gave up: look
+      // again at once (our own writes do not come back as nudges).
+      wake_ = true;
       SPDLOG_LOGGER_INFO(logger_, "shard range released node={} kept={}", id,
                          active.range);
+    } else if (absl::IsFailedPrecondition(s)) {
+      // The record is not what the node holds: stop now, release it all
+      // at the next step.
+      Fence(slot, "release refused: the record differs");
+      view.held.erase(id);
+      SPDLOG_LOGGER_WARN(logger_, "release refused node={} range={}: {}", id,
+                         active.range, s);
     } else {
       SPDLOG_LOGGER_WARN(logger_, "release failed node={} range={}: {}", id,
                          active.range, s);
@@ -452,7 +568,7 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
   }
   // A failed node leaves the ring so the others take its shards.
   if (failed) {
-    absl::Status s = options_.registry->Deregister(ctx(), kind, {id});
+    absl::Status s = options_.registry->Deregister(CallContext(), kind, {id});
     MutexLock l(&mu_);
     if (s.ok()) {
       view.held.erase(id);
@@ -467,8 +583,8 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
   }
   // 3. Grow only into shards nobody else holds.
   if (!target.Empty() && active.range != target) {
-    absl::StatusOr<uint64_t> token =
-        options_.registry->Grant(ctx(), kind, id, target);
+    absl::StatusOr<uint64_t> token = options_.registry->Grant(
+        CallContext(), kind, id, target, last_view_->epoch);
     MutexLock l(&mu_);
     if (token.ok()) {
       view.held[id] = ShardAssignment{target, *token};
@@ -482,6 +598,9 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
       SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
                           token.status());
     } else {
+      // The grant may have happened all the same (a lost reply): the next
+      // poll shows a record that differs, and the node stops.
+      poll_needed_ = true;
       SPDLOG_LOGGER_WARN(logger_, "grant failed node={} range={}: {}", id,
                          target, token.status());
     }
@@ -494,15 +613,7 @@ void NodeManager::Deliver(Slot& slot, ShardAssignment assignment) {
 }
 
 void NodeManager::FenceAll(const char* why) {
-  for (auto& slot : slots_) {
-    bool working = !slot->active.range.Empty() ||
-                   (!slot->queue.empty() && !slot->queue.back().range.Empty());
-    if (!working) continue;
-    ++stats_.fences;
-    SPDLOG_LOGGER_WARN(logger_, "node stops working node={} range={}: {}",
-                       slot->info.id, slot->active.range, why);
-    Deliver(*slot, ShardAssignment{});
-  }
+  for (auto& slot : slots_) Fence(*slot, why);
 }
 
 void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
@@ -511,11 +622,24 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
     ShardAssignment next;
     {
       MutexLock l(&mu_);
-      cv_.Wait(&mu_, stop, [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return !slot.queue.empty();
-      });
-      if (slot.queue.empty()) return;  // Stop requested.
+      // Wait for work; while the node works, also for its fence deadline,
+      // so it stops on time whatever the protocol thread is blocked on.
+      while (true) {
+        if (stop.stop_requested()) return;
+        if (Working(slot) && renewed_at_ != absl::InfinitePast() &&
+            clock_->Now() >= FenceDeadline()) {
+          Fence(slot, "lease not renewed in time");
+        }
+        if (!slot.queue.empty()) break;
+        absl::Time until =
+            Working(slot) ? FenceDeadline() : absl::InfiniteFuture();
+        clock_->AwaitWithDeadline(&mu_, &cv_, until, stop,
+                                  [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                    return !slot.queue.empty();
+                                  });
+      }
       next = slot.queue.front();
+      slot.in_call = true;
     }
     bool threw = false;
     try {
@@ -533,6 +657,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
                           slot.info.id, next.range);
     }
     MutexLock l(&mu_);
+    slot.in_call = false;
     slot.queue.pop_front();
     slot.active = next;
     ++stats_.updates_delivered;

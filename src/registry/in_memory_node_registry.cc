@@ -41,6 +41,14 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
     MutexLock l(&mu_);
     ++operations_;
     absl::Time now = clock_->Now();
+    if (restarted_ || version_ < request.min_version) {
+      // Restarted from a snapshot (which may be older than what pods saw),
+      // or the state went back in time: as the Redis registry does.
+      restarted_ = false;
+      version_ = std::max(version_, request.min_version);
+      NewEpochLocked(request.lease);
+      changed = true;
+    }
     for (const auto& [name, ids] : request.kinds) {
       Kind& kind = kinds_[name];
       changed |= Expire(kind, now);
@@ -53,8 +61,10 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
       for (const auto& [id, expiry] : kind.expiry) view.members.push_back(id);
       view.held = kind.held;
     }
+    ++version_;
     result.epoch = epoch_;
     result.grants_from = grants_from_;
+    result.version = version_;
   }
   if (changed) Changed();
   return result;
@@ -63,29 +73,36 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
 absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
                                            const std::string& kind,
                                            const std::string& node_id,
-                                           ShardRange range) {
+                                           ShardAssignment keep) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
+  const ShardRange range = keep.range;
+  auto refuse = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release node=", node_id, " range=", range.ToString(),
+                     " token=", keep.token, ": ", why));
+  };
   {
     MutexLock l(&mu_);
     ++operations_;
     Kind& k = kinds_[kind];
     auto it = k.held.find(node_id);
-    if (it == k.held.end()) {
-      if (range.Empty()) return absl::OkStatus();  // Nothing held: done.
-      return absl::FailedPreconditionError(
-          absl::StrCat("release node=", node_id, " range=", range.ToString(),
-                       ": the node holds nothing"));
-    }
-    if (!it->second.range.Covers(range)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "release node=", node_id, " range=", range.ToString(),
-          ": not within the held range ", it->second.range.ToString()));
-    }
     if (range.Empty()) {
+      if (it == k.held.end()) return absl::OkStatus();  // Nothing held: done.
       k.held.erase(it);
     } else {
+      if (it == k.held.end()) {
+        return refuse("the registry records nothing for the node");
+      }
+      if (it->second.token != keep.token) {
+        return refuse(absl::StrCat("the record has token ", it->second.token));
+      }
+      if (!it->second.range.Covers(range)) {
+        return refuse(absl::StrCat("not within the recorded range ",
+                                   it->second.range.ToString()));
+      }
       it->second.range = range;
     }
+    ++version_;
   }
   Changed();
   return absl::OkStatus();
@@ -94,7 +111,8 @@ absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
 absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
                                                      const std::string& kind,
                                                      const std::string& node_id,
-                                                     ShardRange target) {
+                                                     ShardRange target,
+                                                     const std::string& epoch) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
   if (target.Empty()) {
     return absl::InvalidArgumentError(
@@ -105,6 +123,13 @@ absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
     MutexLock l(&mu_);
     ++operations_;
     absl::Time now = clock_->Now();
+    if (epoch != epoch_) {
+      return absl::AbortedError(
+          absl::StrCat("grant node=", node_id,
+                       ": the registry state changed since the "
+                       "poll (epoch ",
+                       epoch_, ", the pod saw ", epoch, "); poll again"));
+    }
     Kind& k = kinds_[kind];
     Expire(k, now);
     k.last_token = std::max(k.last_token, token_floor_);
@@ -127,6 +152,7 @@ absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
     }
     token = ++k.last_token;
     k.held[node_id] = ShardAssignment{target, token};
+    ++version_;
   }
   Changed();
   return token;
@@ -144,6 +170,7 @@ absl::Status InMemoryNodeRegistry::Deregister(
       k.expiry.erase(id);
       k.held.erase(id);
     }
+    ++version_;
   }
   Changed();
   return absl::OkStatus();
@@ -162,6 +189,13 @@ void InMemoryNodeRegistry::RemoveChangeListener(int64_t id) {
   listeners_.erase(id);
 }
 
+void InMemoryNodeRegistry::NewEpochLocked(absl::Duration grace) {
+  ++epochs_;
+  epoch_ =
+      absl::StrCat("mem-", reinterpret_cast<uintptr_t>(this), "-", epochs_);
+  grants_from_ = clock_->Now() + grace;
+}
+
 void InMemoryNodeRegistry::ForgetEverything(absl::Duration grace) {
   {
     MutexLock l(&mu_);
@@ -170,10 +204,39 @@ void InMemoryNodeRegistry::ForgetEverything(absl::Duration grace) {
       token_floor_ = std::max(token_floor_, kind.last_token);
     }
     kinds_.clear();
-    ++epochs_;
-    epoch_ =
-        absl::StrCat("mem-", reinterpret_cast<uintptr_t>(this), "-", epochs_);
-    grants_from_ = clock_->Now() + grace;
+    version_ = 0;
+    NewEpochLocked(grace);
+  }
+  Changed();
+}
+
+InMemoryNodeRegistry::Snapshot InMemoryNodeRegistry::TakeSnapshot() const {
+  MutexLock l(&mu_);
+  return Snapshot{kinds_, epoch_, grants_from_, version_};
+}
+
+void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
+  {
+    MutexLock l(&mu_);
+    for (const auto& [name, kind] : kinds_) {
+      token_floor_ = std::max(token_floor_, kind.last_token);
+    }
+    kinds_ = snapshot.kinds;
+    epoch_ = snapshot.epoch;
+    grants_from_ = snapshot.grants_from;
+    version_ = snapshot.version;
+    restarted_ = true;
+  }
+  Changed();
+}
+
+void InMemoryNodeRegistry::OverwriteHeld(const std::string& kind,
+                                         const std::string& node_id,
+                                         ShardAssignment record) {
+  {
+    MutexLock l(&mu_);
+    kinds_[kind].held[node_id] = record;
+    ++version_;
   }
   Changed();
 }

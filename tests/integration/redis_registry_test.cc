@@ -56,8 +56,18 @@ class RedisRegistryTest : public ::testing::Test {
   absl::StatusOr<PollResult> Poll(RedisNodeRegistry& r,
                                   std::vector<std::string> ids,
                                   absl::Duration lease = absl::Seconds(3)) {
-    return r.Poll(ctx_, {.kinds = {{"vm", std::move(ids)}}, .lease = lease});
+    auto v = r.Poll(ctx_, {.kinds = {{"vm", std::move(ids)}},
+                           .lease = lease,
+                           .min_version = version_});
+    if (v.ok()) {
+      epoch_ = v->epoch;
+      version_ = std::max(version_, v->version);
+    }
+    return v;
   }
+  // The epoch and highest version of the last poll, as a NodeManager keeps.
+  std::string epoch_;
+  uint64_t version_ = 0;
   RedisServer server_{RedisServerOptions{.tcp = true}};
   Context ctx_ = Context::Background();
 };
@@ -69,17 +79,17 @@ TEST_F(RedisRegistryTest, SameProtocolAsInMemory) {
   EXPECT_THAT(first->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
   EXPECT_FALSE(first->epoch.empty());
   // A namespace seen for the first time refuses grants for one lease.
-  EXPECT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(),
+  EXPECT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}, epoch_).status(),
               StatusIs(absl::StatusCode::kAborted));
   Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "0"});
-  auto t1 = r->Grant(ctx_, "vm", "a/vm/0", {0, 100});
+  auto t1 = r->Grant(ctx_, "vm", "a/vm/0", {0, 100}, epoch_);
   ASSERT_THAT(t1.status(), IsOk());
-  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {50, 200}).status(),
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {50, 200}, epoch_).status(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("a/vm/0")));
-  ASSERT_THAT(r->Release(ctx_, "vm", "a/vm/0", {0, 50}), IsOk());
-  EXPECT_THAT(r->Release(ctx_, "vm", "a/vm/0", {0, 60}),
+  ASSERT_THAT(r->Release(ctx_, "vm", "a/vm/0", {{0, 50}, *t1}), IsOk());
+  EXPECT_THAT(r->Release(ctx_, "vm", "a/vm/0", {{0, 60}, *t1}),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  auto t2 = r->Grant(ctx_, "vm", "b/vm/0", {50, 200});
+  auto t2 = r->Grant(ctx_, "vm", "b/vm/0", {50, 200}, epoch_);
   ASSERT_THAT(t2.status(), IsOk());
   EXPECT_GT(*t2, *t1);
   auto view = Poll(*r, {});
@@ -88,7 +98,7 @@ TEST_F(RedisRegistryTest, SameProtocolAsInMemory) {
   EXPECT_EQ(view->kinds["vm"].held["b/vm/0"],
             (ShardAssignment{{50, 200}, *t2}));
   EXPECT_EQ(view->epoch, first->epoch);
-  EXPECT_THAT(r->Grant(ctx_, "vm", "ghost", {300, 400}).status(),
+  EXPECT_THAT(r->Grant(ctx_, "vm", "ghost", {300, 400}, epoch_).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(r->Deregister(ctx_, "vm", {"a/vm/0"}), IsOk());
   view = Poll(*r, {});
@@ -151,7 +161,7 @@ TEST_F(RedisRegistryTest, GarbageInOurKeysIsRefusedClearlyNotACrash) {
   auto r = Registry(server_.address());
   ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
   Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "0"});
-  ASSERT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  ASSERT_THAT(r->Grant(ctx_, "vm", "a/vm/0", {0, 10}, epoch_).status(), IsOk());
   const std::string held = r->prefix() + ":kind:vm:held";
   // A held value that does not parse: ignored in the view, and treated as
   // holding everything by grants.
@@ -159,7 +169,7 @@ TEST_F(RedisRegistryTest, GarbageInOurKeysIsRefusedClearlyNotACrash) {
   auto v = Poll(*r, {"a/vm/0", "b/vm/0"});
   ASSERT_THAT(v.status(), IsOk());
   EXPECT_FALSE(v->kinds["vm"].held.contains("a/vm/0"));
-  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}).status(),
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}, epoch_).status(),
               StatusIs(absl::StatusCode::kAborted, HasSubstr("parse")));
   // A key of the wrong type: a clear error naming it.
   const std::string members = r->prefix() + ":kind:vm:members";
@@ -171,7 +181,7 @@ TEST_F(RedisRegistryTest, GarbageInOurKeysIsRefusedClearlyNotACrash) {
   Raw(server_.address(), {"DEL", members});
   Raw(server_.address(), {"SET", r->prefix() + ":grants_from", "soon"});
   ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
-  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}).status(),
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {100, 200}, epoch_).status(),
               StatusIs(absl::StatusCode::kAborted));
 }
 

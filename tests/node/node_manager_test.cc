@@ -235,7 +235,13 @@ TEST_F(NodeManagerTest, GracefulStopHandsOverWithoutWaitingForTheLease) {
     EXPECT_FALSE(n.registered) << n.id;
   }
   // No simulated time passes: the takeover comes from the notification.
-  EXPECT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }));
+  EXPECT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }))
+      << "polls=" << a.stats().polls << " nudges=" << a.stats().nudges
+      << " deferred=" << a.stats().nudges_deferred
+      << " grants=" << a.stats().grants << " releases=" << a.stats().releases
+      << " conflicts=" << a.stats().grant_conflicts << " "
+      << a.Nodes()[0].active.range.ToString()
+      << a.Nodes()[1].active.range.ToString();
   b.Stop();  // Idempotent.
 }
 

@@ -21,8 +21,15 @@ class InMemoryNodeRegistryTest : public ::testing::Test {
  protected:
   absl::StatusOr<PollResult> Poll(std::vector<std::string> ids,
                                   absl::Duration lease = absl::Seconds(3)) {
-    return registry_.Poll(ctx_, {.kinds = {{"vm", ids}}, .lease = lease});
+    auto r = registry_.Poll(ctx_, {.kinds = {{"vm", ids}}, .lease = lease});
+    if (r.ok()) epoch_ = r->epoch;
+    return r;
   }
+  // Grants under the epoch of the last poll, as a NodeManager does.
+  absl::StatusOr<uint64_t> Grant(const std::string& id, ShardRange range) {
+    return registry_.Grant(ctx_, "vm", id, range, epoch_);
+  }
+  std::string epoch_;
   SimulatedClock clock_;
   InMemoryNodeRegistry registry_{{.clock = &clock_}};
   Context ctx_ = Context::Background(&clock_);
@@ -41,7 +48,7 @@ TEST_F(InMemoryNodeRegistryTest, PollRegistersAndListsSortedMembers) {
 TEST_F(InMemoryNodeRegistryTest, LeasesExpireOnTheRegistryClock) {
   ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
   ASSERT_THAT(Poll({"b/vm/0"}).status(), IsOk());
-  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  ASSERT_THAT(Grant("a/vm/0", {0, 10}).status(), IsOk());
   clock_.AdvanceTime(absl::Seconds(2));
   ASSERT_THAT(Poll({"b/vm/0"}).status(), IsOk());  // b renews, a does not.
   clock_.AdvanceTime(absl::Seconds(1));            // a's lease ends now.
@@ -50,21 +57,21 @@ TEST_F(InMemoryNodeRegistryTest, LeasesExpireOnTheRegistryClock) {
   EXPECT_THAT(r->kinds["vm"].members, ElementsAre("b/vm/0"));
   // a's held range went with it, so b can take those shards.
   EXPECT_THAT(r->kinds["vm"].held, IsEmpty());
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {0, 10}).status(), IsOk());
+  EXPECT_THAT(Grant("b/vm/0", {0, 10}).status(), IsOk());
 }
 
 TEST_F(InMemoryNodeRegistryTest, GrantOnlyIntoFreeShardsWithGrowingTokens) {
   ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
-  auto t1 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 100});
+  auto t1 = Grant("a/vm/0", {0, 100});
   ASSERT_THAT(t1.status(), IsOk());
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {50, 200}).status(),
+  EXPECT_THAT(Grant("b/vm/0", {50, 200}).status(),
               StatusIs(absl::StatusCode::kAborted));
-  auto t2 = registry_.Grant(ctx_, "vm", "b/vm/0", {100, 200});
+  auto t2 = Grant("b/vm/0", {100, 200});
   ASSERT_THAT(t2.status(), IsOk());
   EXPECT_GT(*t2, *t1);
   // a shrinks and publishes; then b may grow into what a gave up.
-  ASSERT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {0, 50}), IsOk());
-  auto t3 = registry_.Grant(ctx_, "vm", "b/vm/0", {50, 200});
+  ASSERT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {{0, 50}, *t1}), IsOk());
+  auto t3 = Grant("b/vm/0", {50, 200});
   ASSERT_THAT(t3.status(), IsOk());
   EXPECT_GT(*t3, *t2);
   auto r = Poll({});
@@ -74,14 +81,22 @@ TEST_F(InMemoryNodeRegistryTest, GrantOnlyIntoFreeShardsWithGrowingTokens) {
 
 TEST_F(InMemoryNodeRegistryTest, RefusesBadRequests) {
   ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "ghost", {0, 1}).status(),
+  EXPECT_THAT(Grant("ghost", {0, 1}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {5, 5}).status(),
+  EXPECT_THAT(Grant("a/vm/0", {5, 5}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
-  // A release must lie within what is held.
-  EXPECT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {5, 20}),
+  auto t = Grant("a/vm/0", {0, 10});
+  ASSERT_THAT(t.status(), IsOk());
+  // A release must lie within what is recorded, under the same token.
+  EXPECT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {{5, 20}, *t}),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(registry_.Release(ctx_, "vm", "a/vm/0", {{0, 5}, *t + 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(registry_.Release(ctx_, "vm", "b/vm/0", {{0, 5}, *t}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // A grant decided on an older epoch is refused.
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}, "stale"),
+              StatusIs(absl::StatusCode::kAborted));
   EXPECT_THAT(Poll({"a/vm/0"}, absl::ZeroDuration()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
   CancelScope scope(ctx_);
@@ -95,13 +110,13 @@ TEST_F(InMemoryNodeRegistryTest, DeregisterFreesShardsAndNotifies) {
   int64_t id = registry_.AddChangeListener([&] { ++changes; });
   ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
   EXPECT_EQ(changes.load(), 1);  // Two joins, one change.
-  ASSERT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(), IsOk());
+  ASSERT_THAT(Grant("a/vm/0", {0, 10}).status(), IsOk());
   ASSERT_THAT(registry_.Deregister(ctx_, "vm", {"a/vm/0"}), IsOk());
   EXPECT_EQ(changes.load(), 3);
   auto r = Poll({"b/vm/0"});
   EXPECT_THAT(r->kinds["vm"].members, ElementsAre("b/vm/0"));
   EXPECT_EQ(changes.load(), 3);  // A renewal is not a change.
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "b/vm/0", {0, 10}).status(), IsOk());
+  EXPECT_THAT(Grant("b/vm/0", {0, 10}).status(), IsOk());
   registry_.RemoveChangeListener(id);
   ASSERT_THAT(registry_.Deregister(ctx_, "vm", {"b/vm/0"}), IsOk());
   EXPECT_EQ(changes.load(), 4);
@@ -109,21 +124,56 @@ TEST_F(InMemoryNodeRegistryTest, DeregisterFreesShardsAndNotifies) {
 
 TEST_F(InMemoryNodeRegistryTest, ForgettingStartsANewEpochWithAGrace) {
   auto before = Poll({"a/vm/0"});
-  auto t1 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10});
+  auto t1 = Grant("a/vm/0", {0, 10});
   ASSERT_THAT(t1.status(), IsOk());
   registry_.ForgetEverything(absl::Seconds(3));
   auto after = Poll({"a/vm/0"});
   ASSERT_THAT(after.status(), IsOk());
   EXPECT_NE(after->epoch, before->epoch);
   EXPECT_THAT(after->kinds["vm"].held, IsEmpty());
-  EXPECT_THAT(registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10}).status(),
+  EXPECT_THAT(Grant("a/vm/0", {0, 10}).status(),
               StatusIs(absl::StatusCode::kAborted));
   clock_.AdvanceTime(absl::Seconds(2));
   ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
   clock_.AdvanceTime(absl::Seconds(1));
-  auto t2 = registry_.Grant(ctx_, "vm", "a/vm/0", {0, 10});
+  auto t2 = Grant("a/vm/0", {0, 10});
   ASSERT_THAT(t2.status(), IsOk());
   EXPECT_GT(*t2, *t1) << "tokens keep growing across a loss of state";
+}
+
+TEST_F(InMemoryNodeRegistryTest, RestoringAnOlderSnapshotStartsANewEpoch) {
+  ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
+  InMemoryNodeRegistry::Snapshot old = registry_.TakeSnapshot();
+  auto t1 = Grant("a/vm/0", {0, 10});
+  ASSERT_THAT(t1.status(), IsOk());
+  auto seen = Poll({"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(seen.status(), IsOk());
+  registry_.Restore(old);
+  // The restored state has no record of a's grant; whoever polls first
+  // (even a pod that saw nothing before) gets a new epoch, and no grant
+  // for one lease.
+  auto r = registry_.Poll(ctx_, {.kinds = {{"vm", {"c/vm/0"}}}});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_NE(r->epoch, seen->epoch);
+  EXPECT_THAT(registry_.Grant(ctx_, "vm", "c/vm/0", {0, 10}, r->epoch).status(),
+              StatusIs(absl::StatusCode::kAborted));
+  clock_.AdvanceTime(absl::Seconds(3));
+  ASSERT_THAT(registry_.Poll(ctx_, {.kinds = {{"vm", {"c/vm/0"}}}}).status(),
+              IsOk());
+  auto t2 = registry_.Grant(ctx_, "vm", "c/vm/0", {0, 10}, r->epoch);
+  ASSERT_THAT(t2.status(), IsOk());
+  EXPECT_GT(*t2, *t1);
+}
+
+TEST_F(InMemoryNodeRegistryTest, AVersionOlderThanOneSeenStartsANewEpoch) {
+  auto first = Poll({"a/vm/0"});
+  ASSERT_THAT(first.status(), IsOk());
+  auto r = registry_.Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}},
+                                 .min_version = first->version + 100});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_NE(r->epoch, first->epoch);
+  EXPECT_GT(r->version, first->version + 100);
+  EXPECT_GE(r->grants_from, clock_.Now() + absl::Seconds(3));
 }
 
 }  // namespace

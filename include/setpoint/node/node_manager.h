@@ -21,7 +21,13 @@
 // only when the registry grants shards nobody else holds, with a new fencing
 // token, and only then hears about them. A node whose renewals fail stops
 // working (empty range) by `last renewal sent + lease - fence_margin` on the
-// monotonic clock, before the registry can let anyone else in.
+// monotonic clock, before the registry can let anyone else in: each node's
+// relay thread fences it at that deadline on its own, whatever the protocol
+// thread is blocked on, and every registry call is bounded by the time left.
+// A node whose record in the registry is not exactly what it holds (range
+// and token) stops at once. When the registry's state is new (a Redis
+// restart, empty or from an older snapshot), every node stops and no grant
+// is made for one lease.
 //
 // A node whose Run fails is given the empty range, deregistered (so others
 // take its shards), and restarted after a backoff.
@@ -33,6 +39,7 @@
 #ifndef SETPOINT_NODE_NODE_MANAGER_H_
 #define SETPOINT_NODE_NODE_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -88,13 +95,22 @@ struct NodeManagerOptions {
   // Waits between restarts of a node whose Run failed.
   // Default: 100 ms doubling to 5 minutes, jitter 0.2.
   BackoffOptions restart_backoff = {};
-  // The registry calls and the graceful stop give up after this long.
+  // The registry calls and the graceful stop give up after this long
+  // (registry calls also at the fence deadline, if that comes first).
   // Default: 2 s.
   absl::Duration operation_timeout = absl::Seconds(2);
+  // Polls made because the registry announced a change (not because the
+  // interval passed) are rate-limited: bursts of this many, then one per
+  // poll_interval / 10. A flood of announcements is then a bounded number
+  // of polls. > 0.
+  // Default: 4.
+  int nudge_burst = 4;
   // Called on the protocol thread after each renewal that succeeded, with
   // the time (on `clock`) until which this pod's nodes may work without
   // another one: last renewal sent + lease - fence_margin. For metrics, and
-  // for code that must check its right to act before a write.
+  // for code that must check its right to act before a write. Not called
+  // while a pod that missed its deadline is still stopping its nodes: it
+  // reports again once they are empty and it is back in the ring.
   // Default: none.
   std::function<void(absl::Time valid_until)> on_lease_renewed = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
@@ -130,10 +146,12 @@ struct NodeManagerStats {
   int64_t grants = 0;
   int64_t grant_conflicts = 0;  // Grants refused: shards still held.
   int64_t releases = 0;
-  int64_t fences = 0;         // Nodes stopped because renewals failed.
+  int64_t fences = 0;  // Nodes stopped: renewals failed, record differed.
   int64_t epoch_changes = 0;  // Times the registry's state was new.
   int64_t restarts = 0;
   int64_t updates_delivered = 0;  // UpdateShardRange calls returned.
+  int64_t nudges = 0;             // Change announcements received.
+  int64_t nudges_deferred = 0;    // ...that had to wait for the rate limit.
 };
 
 class NodeManager {
@@ -171,11 +189,23 @@ class NodeManager {
   // Gives every working node the empty range once the last renewal that
   // succeeded is too old.
   void SelfFence();
+  // The time by which working nodes must have stopped unless a renewal
+  // succeeds first.
+  absl::Time FenceDeadline() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A context for one registry call: operation_timeout, and no later than
+  // the fence deadline while any node works.
+  Context CallContext();
+  // True when the slot works on shards or is about to.
+  static bool Working(const Slot& slot);
+  // Replaces what the relay has not started with the empty range (once).
+  void Fence(Slot& slot, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One node's next move; `view` is updated with our own writes.
   void Step(Slot& slot, KindView& view, ShardRange target);
   void Deliver(Slot& slot, ShardAssignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes one nudge token if there is one (refilling first).
+  bool TakeNudgeToken(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RelayLoop(Slot& slot, std::stop_token stop);
   void RunLoop(Slot& slot, std::stop_token stop);
   void GracefulLeave();
@@ -197,7 +227,16 @@ class NodeManager {
   // The next tick must poll (interval passed, or the registry changed);
   // otherwise it acts on last_view_.
   bool poll_needed_ ABSL_GUARDED_BY(mu_) = true;
-  // Protocol thread only: the last poll's view and targets.
+  // A change announcement waits for a nudge token.
+  bool nudged_ ABSL_GUARDED_BY(mu_) = false;
+  bool nudge_arrived_ ABSL_GUARDED_BY(mu_) = false;  // Since the last look.
+  double nudge_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time nudge_refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // When the interval asks for the next poll.
+  absl::Time next_poll_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Protocol thread only: the highest registry version seen, the last
+  // poll's view and targets.
+  uint64_t max_version_ = 0;
   std::optional<PollResult> last_view_;
   std::map<std::string, std::map<std::string, ShardRange>> last_targets_;
   // The loop is blocked until wait_until_ (for Idle()).
@@ -207,7 +246,11 @@ class NodeManager {
   // When the last renewal that succeeded was sent (manager's clock).
   absl::Time renewed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   NodeManagerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Poll failures in a row, and when one was last logged (rate limit).
+  int64_t failure_streak_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_failure_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t listener_ = 0;  // Our change listener in the registry.
+  std::atomic<std::thread::id> loop_id_{};  // The protocol thread.
   std::stop_source nodes_stop_;
   std::jthread loop_;
 };

@@ -42,10 +42,11 @@ class InMemoryNodeRegistry : public NodeRegistry {
   absl::StatusOr<PollResult> Poll(const Context& ctx,
                                   const PollRequest& request) override;
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id, ShardRange range) override;
+                       const std::string& node_id,
+                       ShardAssignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id,
-                                 ShardRange target) override;
+                                 const std::string& node_id, ShardRange target,
+                                 const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
@@ -54,6 +55,20 @@ class InMemoryNodeRegistry : public NodeRegistry {
   // Drops every member, range and token counter and starts a new epoch;
   // grants are refused for `grace` (give the lease length).
   void ForgetEverything(absl::Duration grace);
+
+  // A copy of the whole state, and putting one back: plays a Redis that
+  // restarts from an older snapshot. Restore brings back the snapshot's
+  // epoch and version, as Redis would; like the Redis registry (which sees
+  // the server's run id change), the next poll starts a new epoch with
+  // grants refused for one lease. Tokens keep growing across it.
+  struct Snapshot;
+  Snapshot TakeSnapshot() const;
+  void Restore(const Snapshot& snapshot);
+
+  // Writes a record for `node_id` as someone else might (tests of the rule
+  // that a node whose record differs from what it holds stops at once).
+  void OverwriteHeld(const std::string& kind, const std::string& node_id,
+                     ShardAssignment record);
 
   // Operations served so far (for tests that count round trips).
   int64_t operations() const;
@@ -67,7 +82,17 @@ class InMemoryNodeRegistry : public NodeRegistry {
   // Drops members of `kind` whose lease ended by `now`; true if any.
   static bool Expire(Kind& kind, absl::Time now);
   void Changed();
+  void NewEpochLocked(absl::Duration grace) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+ public:
+  struct Snapshot {
+    std::map<std::string, Kind> kinds;
+    std::string epoch;
+    absl::Time grants_from;
+    uint64_t version = 0;
+  };
+
+ private:
   Clock* const clock_;
   mutable Mutex mu_;
   std::map<std::string, Kind> kinds_ ABSL_GUARDED_BY(mu_);
@@ -75,6 +100,8 @@ class InMemoryNodeRegistry : public NodeRegistry {
   uint64_t epochs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time grants_from_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t operations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool restarted_ ABSL_GUARDED_BY(mu_) = false;  // Restore() ran.
   uint64_t token_floor_ ABSL_GUARDED_BY(mu_) = 0;
   // Held while listeners run, so removal waits for a running one.
   Mutex listeners_mu_;

@@ -8,7 +8,8 @@
 //   InMemoryNodeRegistry registry;
 //   auto view = registry.Poll(ctx, {.kinds = {{"vm", {"pod-a/vm/0"}}},
 //                                   .lease = absl::Seconds(3)});
-//   auto token = registry.Grant(ctx, "vm", "pod-a/vm/0", {0, 4096});
+//   auto token = registry.Grant(ctx, "vm", "pod-a/vm/0", {0, 4096},
+//                               view->epoch);
 //
 // Lease expiry is decided by the registry's own clock (the Redis server's
 // for Redis), never by the caller's, so pods with skewed clocks agree.
@@ -38,6 +39,10 @@ struct PollRequest {
   std::map<std::string, std::vector<std::string>> kinds = {};
   // How long the leases last from the registry's "now".
   absl::Duration lease = absl::Seconds(3);
+  // The highest PollResult::version this pod has seen (0: none). A registry
+  // whose state is older than that went back in time (a restore from an
+  // older snapshot, a failover that lost writes): it starts a new epoch.
+  uint64_t min_version = 0;
 };
 
 // What every live node of one kind has, as the registry saw it.
@@ -45,16 +50,21 @@ struct KindView {
   // Live node ids, sorted as byte strings.
   std::vector<std::string> members;
   // Node id -> the range it activated and the token it got. Only live
-  // members appear; a member that holds nothing is absent.
+  // members appear; a member that holds nothing is absent, and so is one
+  // whose record does not parse (its owner must treat that as "not mine").
   std::map<std::string, ShardAssignment> held;
 };
 
 struct PollResult {
   std::map<std::string, KindView> kinds;
   // Identifies the registry's state: a different (or new) epoch means it
-  // forgot everything (a Redis restart without persistence); every node
-  // must stop at once and start over.
+  // forgot or lost some of it (a Redis restart, empty or from a snapshot, a
+  // failover, a state older than min_version); every node must stop at
+  // once and start over.
   std::string epoch;
+  // Grows with every write to the registry's state; pass the highest one
+  // seen as PollRequest::min_version.
+  uint64_t version = 0;
   // Grants are refused until this time has passed on the registry's clock
   // (one lease after the epoch began), so anyone who believed in an older
   // state has stopped. Informational.
@@ -69,31 +79,42 @@ class NodeRegistry {
   // of those kinds whose lease expired together with their held ranges, and
   // returns the live view of each kind. One round trip.
   // Errors: kUnavailable / kDeadlineExceeded when the registry cannot be
-  // reached (retry at the next poll; self-fence if it lasts), kInvalidArgument
-  // for a bad request.
+  // reached (retry at the next poll; self-fence if it lasts), kDataLoss when
+  // its state holds something it cannot read (a key of another type, a
+  // token counter that is not a token: self-fence until an operator repairs
+  // it; the message names the key and the value), kInvalidArgument for a
+  // bad request.
   virtual absl::StatusOr<PollResult> Poll(const Context& ctx,
                                           const PollRequest& request) = 0;
 
-  // Records that `node_id` now works only on `range`, which must lie within
-  // what it holds (an empty range releases everything). Call only after the
-  // node has stopped working outside `range`.
-  // Errors: kFailedPrecondition if `range` is not within the held range
-  // (nothing changes); unreachable as for Poll.
+  // Records that `node_id` now works only on `keep.range`, which must lie
+  // within what it holds under the same token `keep.token` (an empty range
+  // releases everything, whatever is recorded). Call only after the node
+  // has stopped working outside `keep.range`.
+  // Errors: kFailedPrecondition if the record is missing, has another
+  // token, or does not cover `keep.range` (nothing changes): the node's
+  // belief is wrong, so it must stop working at once; unreachable as for
+  // Poll.
   virtual absl::Status Release(const Context& ctx, const std::string& kind,
                                const std::string& node_id,
-                               ShardRange range) = 0;
+                               ShardAssignment keep) = 0;
 
   // Grants `target` to `node_id` if it is a live member and no other live
   // member holds any shard of it; returns the new fencing token (larger than
   // every token granted before in this kind).
-  // Errors: kAborted when some shard is still held by another node, or
-  // grants are refused for now (epoch grace): try again later;
-  // kFailedPrecondition when `node_id` is not a live member (its lease
-  // expired: self-fence and poll again); unreachable as for Poll.
+  // `epoch` is the PollResult::epoch the caller's decision came from; a
+  // grant is refused if the registry's epoch is another one by now.
+  // Errors: kAborted when some shard is still held by another node, grants
+  // are refused for now (epoch grace), or the epoch changed: poll and try
+  // again later; kFailedPrecondition when `node_id` is not a live member
+  // (its lease expired: self-fence and poll again); kDataLoss when the
+  // registry's token counter holds something that is not a token (an
+  // operator must repair it); unreachable as for Poll.
   virtual absl::StatusOr<uint64_t> Grant(const Context& ctx,
                                          const std::string& kind,
                                          const std::string& node_id,
-                                         ShardRange target) = 0;
+                                         ShardRange target,
+                                         const std::string& epoch) = 0;
 
   // Removes the nodes and what they hold (graceful leave).
   virtual absl::Status Deregister(const Context& ctx, const std::string& kind,

@@ -54,7 +54,8 @@ struct RedisNodeRegistryOptions {
   std::string ns = "default";
   // Default: 1 s.
   absl::Duration connect_timeout = absl::Seconds(1);
-  // Each command (one round trip) gives up after this long.
+  // Each command (one round trip) gives up after this long, or at the
+  // caller's context deadline if that comes first.
   // Default: 1 s.
   absl::Duration command_timeout = absl::Seconds(1);
   // Waits between failed connects.
@@ -81,10 +82,11 @@ class RedisNodeRegistry : public NodeRegistry {
   absl::StatusOr<PollResult> Poll(const Context& ctx,
                                   const PollRequest& request) override;
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id, ShardRange range) override;
+                       const std::string& node_id,
+                       ShardAssignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id,
-                                 ShardRange target) override;
+                                 const std::string& node_id, ShardRange target,
+                                 const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
   int64_t AddChangeListener(std::function<void()> listener) override;

@@ -32,6 +32,9 @@ class FaultyNodeRegistry : public NodeRegistry {
   void SetDown(bool down) { down_.store(down); }
   // The next `n` calls fail with kUnavailable.
   void FailNext(int n) { fail_next_.store(n); }
+  // The next `n` grants take effect in the wrapped registry but report
+  // kDeadlineExceeded, as when a reply is lost after Redis ran the script.
+  void LoseNextGrantReplies(int n) { lose_grant_replies_.store(n); }
   // Calls refused so far.
   int64_t refused() const { return refused_.load(); }
 
@@ -41,15 +44,22 @@ class FaultyNodeRegistry : public NodeRegistry {
     return base_->Poll(ctx, request);
   }
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id, ShardRange range) override {
+                       const std::string& node_id,
+                       ShardAssignment keep) override {
     if (absl::Status s = Fault("release"); !s.ok()) return s;
-    return base_->Release(ctx, kind, node_id, range);
+    return base_->Release(ctx, kind, node_id, keep);
   }
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id,
-                                 ShardRange target) override {
+                                 const std::string& node_id, ShardRange target,
+                                 const std::string& epoch) override {
     if (absl::Status s = Fault("grant"); !s.ok()) return s;
-    return base_->Grant(ctx, kind, node_id, target);
+    if (ExecuteButFail()) {
+      // The grant happens, but the caller hears a timeout (a reply lost on
+      // the way back).
+      (void)base_->Grant(ctx, kind, node_id, target, epoch);
+      return absl::DeadlineExceededError("grant: injected lost reply");
+    }
+    return base_->Grant(ctx, kind, node_id, target, epoch);
   }
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override {
@@ -79,7 +89,15 @@ class FaultyNodeRegistry : public NodeRegistry {
                                   ": injected fault (registry unreachable)");
   }
 
+  bool ExecuteButFail() {
+    int n = lose_grant_replies_.load();
+    while (n > 0 && !lose_grant_replies_.compare_exchange_weak(n, n - 1)) {
+    }
+    return n > 0;
+  }
+
   NodeRegistry* const base_;
+  std::atomic<int> lose_grant_replies_{0};
   std::atomic<bool> down_{false};
   std::atomic<int> fail_next_{0};
   std::atomic<int64_t> refused_{0};

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -177,6 +178,7 @@ RedisClient::~RedisClient() { Disconnect(); }
 void RedisClient::Disconnect() {
   if (ctx_ != nullptr) redisFree(ctx_);
   ctx_ = nullptr;
+  timeout_in_force_ = absl::ZeroDuration();
 }
 
 absl::Status RedisClient::Fail(const char* what) {
@@ -190,7 +192,17 @@ absl::Status RedisClient::Fail(const char* what) {
   return absl::UnavailableError(msg);
 }
 
-absl::Status RedisClient::EnsureConnected() {
+absl::Status RedisClient::UseTimeout(absl::Duration budget) {
+  absl::Duration want = std::min(command_timeout_, budget);
+  if (want == timeout_in_force_) return absl::OkStatus();
+  if (redisSetTimeout(ctx_, TimevalOf(want)) != REDIS_OK) {
+    return Fail("set timeout");
+  }
+  timeout_in_force_ = want;
+  return absl::OkStatus();
+}
+
+absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
   if (ctx_ != nullptr) return absl::OkStatus();
   absl::Time now = Clock::Monotonic()->Now();
   if (now < next_connect_) {
@@ -199,7 +211,7 @@ absl::Status RedisClient::EnsureConnected() {
                      ": waiting to reconnect after a failure, retry in ",
                      absl::FormatDuration(next_connect_ - now)));
   }
-  timeval tv = TimevalOf(connect_timeout_);
+  timeval tv = TimevalOf(std::min(connect_timeout_, budget));
   ctx_ =
       endpoint_.unix_path.empty()
           ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv)
@@ -220,6 +232,7 @@ absl::Status RedisClient::EnsureConnected() {
   if (redisSetTimeout(ctx_, TimevalOf(command_timeout_)) != REDIS_OK) {
     return failed(Fail("set timeout"));
   }
+  timeout_in_force_ = command_timeout_;
   if (!password_.empty()) {
     std::vector<std::string> auth = {"AUTH"};
     if (!username_.empty()) auth.push_back(username_);
@@ -271,8 +284,16 @@ absl::Status RedisClient::EnsureConnected() {
 }
 
 absl::StatusOr<RedisReply> RedisClient::Command(
-    const std::vector<std::string>& args) {
-  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+    const std::vector<std::string>& args, absl::Duration budget) {
+  absl::Time start = Clock::Monotonic()->Now();
+  if (absl::Status s = EnsureConnected(budget); !s.ok()) return s;
+  absl::Duration left = budget - (Clock::Monotonic()->Now() - start);
+  if (left <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("command redis=", endpoint_.ToString(),
+                     ": no time left after connecting"));
+  }
+  if (absl::Status s = UseTimeout(left); !s.ok()) return s;
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   argv.reserve(args.size());
@@ -298,11 +319,13 @@ absl::StatusOr<RedisReply> RedisClient::Command(
 
 absl::StatusOr<RedisReply> RedisClient::Eval(
     RedisScript& script, const std::vector<std::string>& keys,
-    const std::vector<std::string>& args) {
+    const std::vector<std::string>& args, absl::Duration budget) {
+  const absl::Time start = Clock::Monotonic()->Now();
+  auto left = [&] { return budget - (Clock::Monotonic()->Now() - start); };
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (script.sha.empty()) {
       absl::StatusOr<RedisReply> loaded =
-          Command({"SCRIPT", "LOAD", script.source});
+          Command({"SCRIPT", "LOAD", script.source}, left());
       if (!loaded.ok()) return loaded.status();
       if (loaded->type != RedisReply::Type::kString) {
         return StatusFromErrorReply("script load", loaded->str);
@@ -313,7 +336,7 @@ absl::StatusOr<RedisReply> RedisClient::Eval(
                                      absl::StrCat(keys.size())};
     argv.insert(argv.end(), keys.begin(), keys.end());
     argv.insert(argv.end(), args.begin(), args.end());
-    absl::StatusOr<RedisReply> reply = Command(argv);
+    absl::StatusOr<RedisReply> reply = Command(argv, left());
     if (!reply.ok()) return reply;
     if (reply->type == RedisReply::Type::kError) {
       if (absl::StartsWith(reply->str, "NOSCRIPT")) {

@@ -76,13 +76,19 @@ class RedisClient {
 
   // Runs one command. A Redis error reply is returned as a reply of type
   // kError (the command reached Redis), not as a Status.
-  absl::StatusOr<RedisReply> Command(const std::vector<std::string>& argv);
+  // `budget` shortens the connect and command timeouts for this call (a
+  // caller's deadline).
+  absl::StatusOr<RedisReply> Command(
+      const std::vector<std::string>& argv,
+      absl::Duration budget = absl::InfiniteDuration());
   // EVALSHA, loading the script first if needed and again on NOSCRIPT.
   // An error reply from the script is returned as a kError reply, for the
   // caller to map (StatusFromErrorReply).
-  absl::StatusOr<RedisReply> Eval(RedisScript& script,
-                                  const std::vector<std::string>& keys,
-                                  const std::vector<std::string>& args);
+  // The whole call (a reload included) waits at most `budget`.
+  absl::StatusOr<RedisReply> Eval(
+      RedisScript& script, const std::vector<std::string>& keys,
+      const std::vector<std::string>& args,
+      absl::Duration budget = absl::InfiniteDuration());
   // Blocks until a message arrives or `timeout` passes, for a subscribed
   // connection. Returns the message, or nullopt-like kNil reply on timeout.
   absl::StatusOr<RedisReply> ReadPushed(absl::Duration timeout);
@@ -94,7 +100,10 @@ class RedisClient {
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
  private:
-  absl::Status EnsureConnected();
+  absl::Status EnsureConnected(absl::Duration budget);
+  // Sets the socket timeout for the next command to min(command_timeout,
+  // budget) if it differs from the one in force.
+  absl::Status UseTimeout(absl::Duration budget);
   absl::Status Fail(const char* what);
 
   const RedisEndpoint endpoint_;
@@ -105,6 +114,7 @@ class RedisClient {
   const absl::Duration command_timeout_;
   std::shared_ptr<spdlog::logger> logger_;
   redisContext* ctx_ = nullptr;
+  absl::Duration timeout_in_force_ = absl::ZeroDuration();
   int64_t round_trips_ = 0;
   Backoff backoff_;
   absl::Time next_connect_ = absl::InfinitePast();  // Monotonic clock.

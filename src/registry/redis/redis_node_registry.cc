@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "registry/redis/redis_client.h"
+#include "registry/redis/registry_codec.h"
+#include "setpoint/base/clock.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/spdlog.h"
@@ -28,12 +30,23 @@ using redis::RedisClient;
 using redis::RedisReply;
 using redis::RedisScript;
 
-// Shared by the scripts: server time in ms, and a type check that refuses
-// keys someone else filled with another type (a clear error, not a crash).
+// Shared by the scripts: server time, quoting of foreign values, type
+// checks that refuse keys someone else filled with another type, the
+// server's run id (it changes on every restart and failover), and exact
+// decimal arithmetic on strings for tokens and versions (Lua's numbers are
+// doubles: past 2^53 they are no longer exact).
 constexpr char kPrelude[] = R"lua(
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+local function num(n) return string.format('%.0f', n) end
+local function quote(v)
+  v = tostring(v)
+  local s = string.gsub(string.sub(v, 1, 64), '[%c"\\\127-\255]',
+    function(c) return string.format('\\x%02x', string.byte(c)) end)
+  if #v > 64 then s = s .. '...' end
+  return '"' .. s .. '"'
 end
 local function wrong_type(key, want)
   local ty = redis.call('TYPE', key)['ok']
@@ -43,143 +56,306 @@ local function wrong_type(key, want)
   end
   return nil
 end
+local function run_id()
+  local info = redis.call('INFO', 'server')
+  return string.match(info, 'run_id:(%x+)') or 'unknown'
+end
+local U64_MAX = '18446744073709551615'
+local function dec_ok(s)
+  return type(s) == 'string' and #s >= 1 and #s <= 20 and
+         string.match(s, '^%d+$') ~= nil and not (#s == 20 and s > U64_MAX)
+end
+local function strip(s)
+  local t = string.gsub(s, '^0+', '')
+  if t == '' then return '0' end
+  return t
+end
+local function dec_lt(a, b)
+  a, b = strip(a), strip(b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+local function dec_incr(s)
+  s = strip(s)
+  local out, carry = {}, 1
+  for i = #s, 1, -1 do
+    local d = string.byte(s, i) - 48 + carry
+    if d == 10 then d, carry = 0, 1 else carry = 0 end
+    out[i] = string.char(48 + d)
+  end
+  local r = table.concat(out)
+  if carry == 1 then r = '1' .. r end
+  return r
+end
+local function bump_version(key)
+  local v = redis.call('GET', key)
+  if not dec_ok(v) then v = '0' end
+  local n = dec_incr(v)
+  if not dec_ok(n) then n = '1' end
+  redis.call('SET', key, n)
+  return n
+end
+local function parse_gf(gfs)
+  if gfs and #gfs <= 15 and string.match(gfs, '^%d+$') then
+    return tonumber(gfs)
+  end
+  return nil
+end
 )lua";
 
-// KEYS: epoch, grants_from, then members and held per kind.
-// ARGV: lease_ms, fresh epoch id, channel, kinds, then per kind: n, ids...
-// Renews the given members, expires dead ones with their held ranges, and
-// returns {epoch, grants_from, now, {members, held-pairs, ...}, warnings}.
+// KEYS: epoch, grants_from, run, version, then members, held, token per kind.
+// ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
+// then per kind: kind, n, ids...
+// Starts a new epoch when the state is missing, was written under another
+// server run (a restart or failover: it may be an older snapshot) or is
+// older than a version the caller saw; renews the given members, expires
+// dead ones with their held ranges, and returns
+// {epoch, grants_from, now, version, new_epoch_reason, views, warnings}.
 constexpr char kPollScript[] = R"lua(
 local now = now_ms()
 local lease = tonumber(ARGV[1])
-local changed = false
+local min_version = ARGV[5]
+local nkinds = tonumber(ARGV[4])
 local warnings = {}
-for _, k in ipairs({KEYS[1], KEYS[2]}) do
-  local e = wrong_type(k, 'string')
+for i = 1, 4 do
+  local e = wrong_type(KEYS[i], 'string')
   if e then return redis.error_reply(e) end
+end
+for k = 1, nkinds do
+  local b = 4 + 3 * (k - 1)
+  local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
+            wrong_type(KEYS[b + 3], 'string')
+  if e then return redis.error_reply(e) end
+  local tok = redis.call('GET', KEYS[b + 3])
+  if tok and not dec_ok(tok) then
+    return redis.error_reply('SETPOINT_GARBAGE key ' .. KEYS[b + 3] ..
+      ' holds ' .. quote(tok) .. ', not a token (a decimal integer below ' ..
+      '2^64); no grant is possible until it is set to a number at least ' ..
+      'as large as every token granted')
+  end
 end
 local epoch = redis.call('GET', KEYS[1])
+local run = run_id()
+local version = redis.call('GET', KEYS[4])
+local reason = ''
 if not epoch then
+  reason = 'no state (first start, or redis lost its data)'
+elseif redis.call('GET', KEYS[3]) ~= run then
+  reason = 'redis restarted or failed over (its run id changed): its ' ..
+           'state may be older than what the pods saw'
+elseif not dec_ok(version) then
+  reason = 'key ' .. KEYS[4] .. ' holds ' .. quote(version or '(nothing)') ..
+           ', not a version'
+elseif dec_lt(version, min_version) then
+  reason = 'the state went back in time (version ' .. version ..
+           ' is older than ' .. min_version .. ', seen by a pod)'
+end
+local changed = false
+if reason ~= '' then
+  local base = '0'
+  if dec_ok(version) then base = version end
+  if dec_lt(base, min_version) then base = min_version end
+  version = dec_incr(base)
   epoch = ARGV[2]
   redis.call('SET', KEYS[1], epoch)
-  redis.call('SET', KEYS[2], tostring(now + lease))
+  redis.call('SET', KEYS[3], run)
+  redis.call('SET', KEYS[2], num(now + lease))
   changed = true
+else
+  version = dec_incr(version)
 end
-local gf = tonumber(redis.call('GET', KEYS[2]) or '')
-if not gf then
+if not dec_ok(version) then version = '1' end
+redis.call('SET', KEYS[4], version)
+local gfs = redis.call('GET', KEYS[2])
+local gf = parse_gf(gfs)
+if not gf or gf > now + 2 * lease then
+  table.insert(warnings, 'key ' .. KEYS[2] .. ' holds ' ..
+    quote(gfs or '(nothing)') .. ', expected a server time in ms no later ' ..
+    'than ' .. num(now + 2 * lease) .. '; reset to one lease from now')
   gf = now + lease
-  redis.call('SET', KEYS[2], tostring(gf))
-  table.insert(warnings, KEYS[2] .. ' did not parse; grants wait one lease')
+  redis.call('SET', KEYS[2], num(gf))
 end
 local views = {}
-local ai = 5
-for k = 1, tonumber(ARGV[4]) do
-  local members, held = KEYS[1 + 2 * k], KEYS[2 + 2 * k]
-  local e = wrong_type(members, 'zset') or wrong_type(held, 'hash')
-  if e then return redis.error_reply(e) end
-  local dead = redis.call('ZRANGEBYSCORE', members, '-inf', now)
+local ai = 7
+local horizon = now + 2 * lease
+for k = 1, nkinds do
+  local b = 4 + 3 * (k - 1)
+  local members, held = KEYS[b + 1], KEYS[b + 2]
+  local kind = ARGV[ai]
+  local n = tonumber(ARGV[ai + 1])
+  ai = ai + 2
+  local dead = redis.call('ZRANGEBYSCORE', members, '-inf', num(now))
   if #dead > 0 then
-    redis.call('ZREMRANGEBYSCORE', members, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', members, '-inf', num(now))
     for _, id in ipairs(dead) do redis.call('HDEL', held, id) end
     changed = true
   end
-  local n = tonumber(ARGV[ai])
-  ai = ai + 1
   for i = 1, n do
-    if redis.call('ZADD', members, now + lease, ARGV[ai]) == 1 then
+    if redis.call('ZADD', members, num(now + lease), ARGV[ai]) == 1 then
       changed = true
     end
     ai = ai + 1
   end
-  table.insert(views, redis.call('ZRANGE', members, 0, -1))
+  local live = redis.call('ZRANGEBYSCORE', members, '(' .. num(now),
+                          num(horizon))
+  local ok, bad, nbad = {}, {}, 0
+  for _, id in ipairs(live) do
+    local p, kk, idx = string.match(id, '^([^/]+)/([^/]+)/(%d+)$')
+    if p and kk == kind and #id <= 512 and not string.find(id, '[%c ]') then
+      table.insert(ok, id)
+    else
+      nbad = nbad + 1
+      if nbad <= 3 then table.insert(bad, quote(id)) end
+    end
+  end
+  if nbad > 0 then
+    table.insert(warnings, 'key ' .. members .. ': ' .. nbad ..
+      ' member id(s) are not "<pod>/' .. kind .. '/<index>" and get no ' ..
+      'shards: ' .. table.concat(bad, ', '))
+  end
+  local far = redis.call('ZCOUNT', members, '(' .. num(horizon), '+inf')
+  if far > 0 then
+    local ex = redis.call('ZRANGEBYSCORE', members, '(' .. num(horizon),
+                          '+inf', 'LIMIT', 0, 3)
+    for i = 1, #ex do ex[i] = quote(ex[i]) end
+    table.insert(warnings, 'key ' .. members .. ': ' .. far ..
+      ' member(s) have a lease that ends more than two leases from now ' ..
+      '(no pod with this lease wrote it) and get no shards; what they ' ..
+      'hold stays blocked until they expire or are removed: ' ..
+      table.concat(ex, ', '))
+  end
+  table.insert(views, ok)
   table.insert(views, redis.call('HGETALL', held))
 end
-if changed then redis.call('PUBLISH', ARGV[3], 'poll') end
-return {epoch, tostring(gf), tostring(now), views, warnings}
+if changed then redis.call('PUBLISH', ARGV[3], ARGV[6]) end
+return {epoch, num(gf), num(now), version, reason, views, warnings}
 )lua";
 
-// KEYS: members, held. ARGV: node, begin, end, channel.
+// KEYS: members, held, version. ARGV: node, begin, end, token, channel,
+// message.
+// Shrinks the node's record to [begin,end) if it is recorded under `token`
+// and covers it; an empty range drops whatever is recorded.
 constexpr char kReleaseScript[] = R"lua(
-local e = wrong_type(KEYS[2], 'hash')
+local e = wrong_type(KEYS[2], 'hash') or wrong_type(KEYS[3], 'string')
 if e then return redis.error_reply(e) end
-local b, en = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cur = redis.call('HGET', KEYS[2], ARGV[1])
+if tonumber(ARGV[2]) >= tonumber(ARGV[3]) then
+  if cur then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    bump_version(KEYS[3])
+    redis.call('PUBLISH', ARGV[5], ARGV[6])
+  end
+  return 'OK'
+end
 if not cur then
-  if b >= en then return 'OK' end
-  return redis.error_reply('SETPOINT_PRECONDITION the node holds nothing')
+  return redis.error_reply('SETPOINT_PRECONDITION the registry records ' ..
+                           'nothing for the node')
 end
-if b >= en then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-else
-  local cb, ce, ct = string.match(cur, '^(%d+) (%d+) (%d+)$')
-  if not cb then
-    return redis.error_reply('SETPOINT_PRECONDITION held value "' .. cur ..
-                             '" does not parse')
-  end
-  if b < tonumber(cb) or en > tonumber(ce) then
-    return redis.error_reply('SETPOINT_PRECONDITION not within the held range [' ..
-                             cb .. ',' .. ce .. ')')
-  end
-  redis.call('HSET', KEYS[2], ARGV[1], b .. ' ' .. en .. ' ' .. ct)
+local cb, ce, ct = string.match(cur, '^(%d+) (%d+) (%d+)$')
+if not cb then
+  return redis.error_reply('SETPOINT_PRECONDITION held value ' .. quote(cur) ..
+                           ' does not parse')
 end
-redis.call('PUBLISH', ARGV[4], 'release')
+if strip(ct) ~= strip(ARGV[4]) then
+  return redis.error_reply('SETPOINT_PRECONDITION the record has token ' ..
+                           ct .. ', not ' .. ARGV[4])
+end
+if tonumber(ARGV[2]) < tonumber(cb) or tonumber(ARGV[3]) > tonumber(ce) then
+  return redis.error_reply('SETPOINT_PRECONDITION not within the recorded ' ..
+                           'range [' .. cb .. ',' .. ce .. ')')
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ct)
+bump_version(KEYS[3])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
 return 'OK'
 )lua";
 
-// KEYS: members, held, token, grants_from. ARGV: node, begin, end, channel.
-// Grants [begin,end) if the node is live, grants are allowed, and no other
-// live member holds any of it. Tokens only grow, also across a loss of
-// Redis's state: each is at least the server time in microseconds.
+// KEYS: epoch, grants_from, run, version, members, held, token.
+// ARGV: node, begin, end, channel, epoch, message.
+// Grants [begin,end) if the state is still the epoch the caller polled, the
+// node is live, grants are allowed, and no other live member holds any of
+// it. Tokens only grow, also across a loss of Redis's state: each is at
+// least the server time in microseconds.
 constexpr char kGrantScript[] = R"lua(
 local now, t = now_ms()
-local e = wrong_type(KEYS[1], 'zset') or wrong_type(KEYS[2], 'hash') or
-          wrong_type(KEYS[3], 'string') or wrong_type(KEYS[4], 'string')
+for i = 1, 4 do
+  local e = wrong_type(KEYS[i], 'string')
+  if e then return redis.error_reply(e) end
+end
+local e = wrong_type(KEYS[5], 'zset') or wrong_type(KEYS[6], 'hash') or
+          wrong_type(KEYS[7], 'string')
 if e then return redis.error_reply(e) end
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[5] or redis.call('GET', KEYS[3]) ~= run_id() then
+  return redis.error_reply('SETPOINT_ABORTED the registry state changed ' ..
+    'since the poll (epoch ' .. quote(epoch or '(none)') .. ', the pod saw ' ..
+    quote(ARGV[5]) .. ', or redis restarted); poll again')
+end
+local gfs = redis.call('GET', KEYS[2])
+local gf = parse_gf(gfs)
+if not gf then
+  return redis.error_reply('SETPOINT_ABORTED key ' .. KEYS[2] .. ' holds ' ..
+    quote(gfs or '(nothing)') .. ', not a time; the next poll repairs it')
+end
+if now < gf then
+  return redis.error_reply('SETPOINT_ABORTED grants refused for ' ..
+    num(gf - now) .. ' ms more, until the registry state is one lease old')
+end
+local score = redis.call('ZSCORE', KEYS[5], ARGV[1])
 if not score or tonumber(score) <= now then
   return redis.error_reply('SETPOINT_NOT_MEMBER not a live member (lease expired)')
 end
-local gf = tonumber(redis.call('GET', KEYS[4]) or '')
-if not gf or now < gf then
-  return redis.error_reply('SETPOINT_ABORTED grants refused until the registry state is one lease old')
-end
 local b, en = tonumber(ARGV[2]), tonumber(ARGV[3])
-local held = redis.call('HGETALL', KEYS[2])
+local held = redis.call('HGETALL', KEYS[6])
 for i = 1, #held, 2 do
   local id = held[i]
   if id ~= ARGV[1] then
-    local s = redis.call('ZSCORE', KEYS[1], id)
+    local s = redis.call('ZSCORE', KEYS[5], id)
     if s and tonumber(s) > now then
       local ob, oe = string.match(held[i + 1], '^(%d+) (%d+) %d+$')
       if not ob then
-        return redis.error_reply('SETPOINT_ABORTED held value of ' .. id ..
-                                 ' does not parse; treated as holding everything')
+        return redis.error_reply('SETPOINT_ABORTED held value of ' ..
+          quote(id) .. ' is ' .. quote(held[i + 1]) .. ' and does not ' ..
+          'parse (expected "<begin> <end> <token>"); treated as holding ' ..
+          'everything')
       end
       if tonumber(ob) < en and b < tonumber(oe) then
-        return redis.error_reply('SETPOINT_ABORTED shards still held by ' .. id ..
-                                 ' [' .. ob .. ',' .. oe .. ')')
+        return redis.error_reply('SETPOINT_ABORTED shards still held by ' ..
+                                 id .. ' [' .. ob .. ',' .. oe .. ')')
       end
     end
   end
 end
-local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[3]) or '') or 0
-local token = math.max(last + 1, floor)
-redis.call('SET', KEYS[3], string.format('%.0f', token))
-redis.call('HSET', KEYS[2], ARGV[1], b .. ' ' .. en .. ' ' .. string.format('%.0f', token))
-redis.call('PUBLISH', ARGV[4], 'grant')
-return string.format('%.0f', token)
+local last = redis.call('GET', KEYS[7]) or '0'
+if not dec_ok(last) then
+  return redis.error_reply('SETPOINT_GARBAGE key ' .. KEYS[7] .. ' holds ' ..
+    quote(last) .. ', not a token (a decimal integer below 2^64)')
+end
+local floor = num(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local token = dec_incr(last)
+if dec_lt(token, floor) then token = floor end
+if not dec_ok(token) then
+  return redis.error_reply('SETPOINT_GARBAGE key ' .. KEYS[7] ..
+    ' is at the largest token; no further grant is possible')
+end
+redis.call('SET', KEYS[7], token)
+redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. token)
+bump_version(KEYS[4])
+redis.call('PUBLISH', ARGV[4], ARGV[6])
+return token
 )lua";
 
-// KEYS: members, held. ARGV: channel, ids...
+// KEYS: members, held, version. ARGV: channel, message, ids...
 constexpr char kDeregisterScript[] = R"lua(
-local e = wrong_type(KEYS[1], 'zset') or wrong_type(KEYS[2], 'hash')
+local e = wrong_type(KEYS[1], 'zset') or wrong_type(KEYS[2], 'hash') or
+          wrong_type(KEYS[3], 'string')
 if e then return redis.error_reply(e) end
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
 end
-redis.call('PUBLISH', ARGV[1], 'leave')
+bump_version(KEYS[3])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 'OK'
 )lua";
 
@@ -261,18 +437,60 @@ struct RedisNodeRegistry::Impl {
     return absl::StrCat(prefix, ":kind:", kind, ":", name);
   }
 
+  // Runs `script`, waiting at most until the context's deadline (and at
+  // most command_timeout): a caller that must act by a deadline is never
+  // held past it by a Redis that hangs.
   absl::StatusOr<RedisReply> Eval(const Context& ctx, RedisScript& script,
                                   const std::vector<std::string>& keys,
                                   const std::vector<std::string>& args,
                                   const std::string& what) {
-    if (absl::Status s = CheckContext(ctx); !s.ok()) return s;
+    if (absl::Status s = CheckContext(ctx); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+    absl::Duration budget = absl::InfiniteDuration();
+    if (ctx.deadline() != absl::InfiniteFuture()) {
+      budget = ctx.deadline() - ctx.clock()->Now();
+      if (budget <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": no time left before the deadline"));
+      }
+    }
     MutexLock l(&mu);
-    absl::StatusOr<RedisReply> reply = client.Eval(script, keys, args);
-    if (!reply.ok()) return reply.status();
+    absl::StatusOr<RedisReply> reply = client.Eval(script, keys, args, budget);
+    if (!reply.ok()) {
+      return absl::Status(reply.status().code(),
+                          absl::StrCat(what, ": ", reply.status().message()));
+    }
     if (reply->type == RedisReply::Type::kError) {
       return ScriptError(what, reply->str);
     }
     return reply;
+  }
+
+  // Logs `line` at warning level, at most once per kWarnEvery for the same
+  // line, with the number of repeats held back.
+  void WarnLimited(const std::string& line) {
+    absl::Time now = Clock::Monotonic()->Now();
+    MutexLock l(&warn_mu);
+    if (warned.size() > 256) warned.clear();
+    auto [it, fresh] = warned.try_emplace(line, WarnState{now, 0});
+    if (!fresh) {
+      if (now - it->second.last < kWarnEvery) {
+        ++it->second.held_back;
+        return;
+      }
+      it->second.last = now;
+    }
+    int64_t repeats = it->second.held_back;
+    it->second.held_back = 0;
+    if (repeats > 0) {
+      SPDLOG_LOGGER_WARN(logger,
+                         "registry data refused prefix={} repeats={}: {}",
+                         prefix, repeats, line);
+    } else {
+      SPDLOG_LOGGER_WARN(logger, "registry data refused prefix={}: {}", prefix,
+                         line);
+    }
   }
 
   void Subscribe(std::stop_token stop) {
@@ -308,7 +526,14 @@ struct RedisNodeRegistry::Impl {
         subscriber.Disconnect();
         continue;
       }
-      if (msg->type == RedisReply::Type::kArray) Notify();
+      // A message is ["message", channel, payload]; the payload names the
+      // registry that wrote it, and our own writes need no nudge.
+      if (msg->type == RedisReply::Type::kArray) {
+        if (msg->elements.size() == 3 && msg->elements[2].str == instance) {
+          continue;
+        }
+        Notify();
+      }
     }
   }
 
@@ -321,6 +546,8 @@ struct RedisNodeRegistry::Impl {
   std::shared_ptr<spdlog::logger> logger;
   const std::string prefix;
   const std::string channel;
+  // Names this registry object in the change messages it publishes.
+  const std::string instance = RandomEpoch();
   Mutex mu;
   RedisClient client ABSL_GUARDED_BY(mu);
   // The scripts are only touched inside Eval, under mu (the analysis cannot
@@ -329,6 +556,14 @@ struct RedisNodeRegistry::Impl {
   RedisScript release{std::string(kPrelude) + kReleaseScript};
   RedisScript grant{std::string(kPrelude) + kGrantScript};
   RedisScript deregister{std::string(kPrelude) + kDeregisterScript};
+
+  struct WarnState {
+    absl::Time last;
+    int64_t held_back;
+  };
+  static constexpr absl::Duration kWarnEvery = absl::Seconds(10);
+  Mutex warn_mu;
+  std::map<std::string, WarnState> warned ABSL_GUARDED_BY(warn_mu);
 
   // Subscriber thread only.
   RedisClient subscriber;
@@ -363,119 +598,114 @@ RedisNodeRegistry::~RedisNodeRegistry() {
 
 absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                                                    const PollRequest& request) {
-  if (request.lease <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "poll: lease must be > 0, got ", absl::FormatDuration(request.lease)));
+  if (request.lease < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("poll: lease must be >= 1ms, got ",
+                     absl::FormatDuration(request.lease)));
   }
   Impl& d = *impl_;
-  std::vector<std::string> keys = {d.Key("epoch"), d.Key("grants_from")};
+  std::vector<std::string> keys = {d.Key("epoch"), d.Key("grants_from"),
+                                   d.Key("run"), d.Key("version")};
   std::vector<std::string> args = {
-      // A new id each time: the one written when Redis comes back empty
-      // must differ from every epoch anyone saw before.
-      absl::StrCat(absl::ToInt64Milliseconds(request.lease)), RandomEpoch(),
-      d.channel, absl::StrCat(request.kinds.size())};
+      // A new id each time: the one written when a new epoch starts must
+      // differ from every epoch anyone saw before.
+      absl::StrCat(absl::ToInt64Milliseconds(request.lease)),
+      RandomEpoch(),
+      d.channel,
+      absl::StrCat(request.kinds.size()),
+      absl::StrCat(request.min_version),
+      d.instance};
   std::vector<std::string> kinds;
   for (const auto& [kind, ids] : request.kinds) {
     kinds.push_back(kind);
     keys.push_back(d.KindKey(kind, "members"));
     keys.push_back(d.KindKey(kind, "held"));
+    keys.push_back(d.KindKey(kind, "token"));
+    args.push_back(kind);
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
   absl::StatusOr<RedisReply> reply = d.Eval(ctx, d.poll, keys, args, "poll");
-  if (!reply.ok()) return reply.status();
-  const auto& e = reply->elements;
-  int64_t grants_from_ms = 0;
-  if (reply->type != RedisReply::Type::kArray || e.size() != 5 ||
-      e[3].type != RedisReply::Type::kArray ||
-      e[3].elements.size() != 2 * kinds.size() ||
-      !absl::SimpleAtoi(e[1].str, &grants_from_ms)) {
-    return absl::InternalError("poll: unexpected reply shape from the script");
-  }
-  for (const RedisReply& w : e[4].elements) {
-    SPDLOG_LOGGER_WARN(d.logger, "registry data ignored prefix={}: {}",
-                       d.prefix, w.str);
-  }
-  PollResult result;
-  result.epoch = e[0].str;
-  result.grants_from = absl::FromUnixMillis(grants_from_ms);
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    KindView& view = result.kinds[kinds[k]];
-    for (const RedisReply& m : e[3].elements[2 * k].elements) {
-      view.members.push_back(m.str);
+  if (!reply.ok()) {
+    if (absl::IsDataLoss(reply.status())) {
+      d.WarnLimited(std::string(reply.status().message()));
     }
-    std::sort(view.members.begin(), view.members.end());
-    const auto& held = e[3].elements[2 * k + 1].elements;
-    for (size_t i = 0; i + 1 < held.size(); i += 2) {
-      const std::string& id = held[i].str;
-      if (!std::binary_search(view.members.begin(), view.members.end(), id)) {
-        continue;  // A stale entry; the scripts ignore it too.
-      }
-      std::vector<std::string> parts = absl::StrSplit(held[i + 1].str, ' ');
-      ShardAssignment a;
-      if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &a.range.begin) ||
-          !absl::SimpleAtoi(parts[1], &a.range.end) ||
-          !absl::SimpleAtoi(parts[2], &a.token)) {
-        SPDLOG_LOGGER_WARN(d.logger,
-                           "registry held value ignored, it does not parse "
-                           "kind={} node={} value=\"{}\"",
-                           kinds[k], id, held[i + 1].str);
-        continue;
-      }
-      view.held[id] = a;
-    }
+    return reply.status();
   }
-  return result;
+  absl::StatusOr<redis::DecodedPoll> decoded =
+      redis::DecodePollReply(*reply, kinds);
+  if (!decoded.ok()) return decoded.status();
+  for (const std::string& w : decoded->warnings) d.WarnLimited(w);
+  if (!decoded->new_epoch_reason.empty()) {
+    SPDLOG_LOGGER_INFO(d.logger,
+                       "registry started a new epoch prefix={} "
+                       "epoch={} version={}: {}",
+                       d.prefix, decoded->result.epoch, decoded->result.version,
+                       decoded->new_epoch_reason);
+  }
+  return std::move(decoded->result);
 }
 
 absl::Status RedisNodeRegistry::Release(const Context& ctx,
                                         const std::string& kind,
                                         const std::string& node_id,
-                                        ShardRange range) {
+                                        ShardAssignment keep) {
   Impl& d = *impl_;
-  if (range.Empty()) range = ShardRange{};
+  if (keep.range.Empty()) keep = ShardAssignment{};
   absl::StatusOr<RedisReply> reply = d.Eval(
-      ctx, d.release, {d.KindKey(kind, "members"), d.KindKey(kind, "held")},
-      {node_id, absl::StrCat(range.begin), absl::StrCat(range.end), d.channel},
-      absl::StrCat("release node=", node_id, " range=", range.ToString()));
+      ctx, d.release,
+      {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version")},
+      {node_id, absl::StrCat(keep.range.begin), absl::StrCat(keep.range.end),
+       absl::StrCat(keep.token), d.channel, d.instance},
+      absl::StrCat("release node=", node_id, " range=", keep.range.ToString(),
+                   " token=", keep.token));
   return reply.status();
 }
 
 absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
                                                   const std::string& kind,
                                                   const std::string& node_id,
-                                                  ShardRange target) {
+                                                  ShardRange target,
+                                                  const std::string& epoch) {
+  const std::string what =
+      absl::StrCat("grant node=", node_id, " range=", target.ToString());
   if (target.Empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grant node=", node_id, ": empty range"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": empty range"));
   }
   Impl& d = *impl_;
-  absl::StatusOr<RedisReply> reply = d.Eval(
-      ctx, d.grant,
-      {d.KindKey(kind, "members"), d.KindKey(kind, "held"),
-       d.KindKey(kind, "token"), d.Key("grants_from")},
-      {node_id, absl::StrCat(target.begin), absl::StrCat(target.end),
-       d.channel},
-      absl::StrCat("grant node=", node_id, " range=", target.ToString()));
-  if (!reply.ok()) return reply.status();
-  uint64_t token = 0;
-  if (!absl::SimpleAtoi(reply->str, &token)) {
-    return absl::InternalError(absl::StrCat(
-        "grant node=", node_id, ": token \"", reply->str, "\" does not parse"));
+  absl::StatusOr<RedisReply> reply =
+      d.Eval(ctx, d.grant,
+             {d.Key("epoch"), d.Key("grants_from"), d.Key("run"),
+              d.Key("version"), d.KindKey(kind, "members"),
+              d.KindKey(kind, "held"), d.KindKey(kind, "token")},
+             {node_id, absl::StrCat(target.begin), absl::StrCat(target.end),
+              d.channel, epoch, d.instance},
+             what);
+  if (!reply.ok()) {
+    if (absl::IsDataLoss(reply.status())) {
+      d.WarnLimited(std::string(reply.status().message()));
+    }
+    return reply.status();
   }
-  return token;
+  absl::StatusOr<uint64_t> token = redis::ParseToken(reply->str);
+  if (!token.ok()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the script returned ", token.status().message()));
+  }
+  return *token;
 }
 
 absl::Status RedisNodeRegistry::Deregister(
     const Context& ctx, const std::string& kind,
     const std::vector<std::string>& node_ids) {
   Impl& d = *impl_;
-  std::vector<std::string> args = {d.channel};
+  std::vector<std::string> args = {d.channel, d.instance};
   args.insert(args.end(), node_ids.begin(), node_ids.end());
   return d
       .Eval(ctx, d.deregister,
-            {d.KindKey(kind, "members"), d.KindKey(kind, "held")}, args,
-            absl::StrCat("deregister kind=", kind))
+            {d.KindKey(kind, "members"), d.KindKey(kind, "held"),
+             d.Key("version")},
+            args, absl::StrCat("deregister kind=", kind))
       .status();
 }
 

@@ -1,0 +1,51 @@
+// Decoding of what the Redis registry's scripts return: strict parsers for
+// the values stored in the namespace's keys and for the poll script's reply.
+// Private to setpoint::redis; kept apart from the IO so a fuzzer can feed it
+// anything.
+//
+//   absl::StatusOr<uint64_t> token = ParseToken("17");
+//   absl::StatusOr<ShardAssignment> held = ParseHeld("0 1024 17");
+//
+// Thread safety: pure functions.
+#ifndef SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
+#define SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "registry/redis/redis_client.h"
+#include "setpoint/node/shard.h"
+#include "setpoint/registry/node_registry.h"
+
+namespace setpoint::redis {
+
+// A decimal integer in [0, 2^64-1] with no sign, space or leading '+':
+// the only form a token (or a version) takes. kInvalidArgument otherwise.
+absl::StatusOr<uint64_t> ParseToken(absl::string_view text);
+
+// "<begin> <end> <token>" with begin < end (a held range is never empty).
+// kInvalidArgument otherwise.
+absl::StatusOr<ShardAssignment> ParseHeld(absl::string_view text);
+
+// What one poll returned, decoded.
+struct DecodedPoll {
+  PollResult result;
+  // The reason the script started a new epoch ("" when it did not).
+  std::string new_epoch_reason;
+  // Values the script ignored or repaired, one line each, naming the key.
+  std::vector<std::string> warnings;
+};
+
+// Decodes the poll script's reply for `kinds` (in the order they were
+// sent). Members whose held value does not parse are left out of `held`
+// and reported in `warnings`. kInternal naming what was wrong when the reply
+// does not have the script's shape.
+absl::StatusOr<DecodedPoll> DecodePollReply(
+    const RedisReply& reply, const std::vector<std::string>& kinds);
+
+}  // namespace setpoint::redis
+
+#endif  // SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
