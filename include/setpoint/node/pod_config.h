@@ -32,7 +32,7 @@
 //    map is an error naming both lines. registry.* settings need an explicit
 //    registry.type (else every pod would use the in-memory registry and own
 //    the whole ring). password, password_env and password_file exclude each
-//    other.
+//    other (an override of one replaces the file's).
 //  - Durations are finite whole milliseconds (the registry counts ms),
 //    1ms..24h; fence_margin may also be 0 (the default margin).
 //  - lease >= 2 * poll_interval: a renewal must be able to fail once and
@@ -45,9 +45,9 @@
 //    printable ASCII without spaces (the error names the offending byte as
 //    \xNN); kind names have no '.' or '/'. No other value but the password
 //    may hold control characters. Overrides get the same checks.
-//  - One YAML document per file, nested at most 32 deep, at most
-//    kPodConfigMaxBytes. YAML aliases (*name, and merge keys using them)
-//    are refused: a pod config has no need for them, and they let a small
+//  - One YAML document per file, nested at most 32 deep, at most 100000
+//    nodes and kPodConfigMaxBytes. YAML aliases (*name, and merge keys using
+//    them) are refused: a pod config has no need for them, and they let a small
 //    file expand exponentially ("billion laughs") or refer to itself.
 //  - LoadPodConfig reads only regular files (a directory, FIFO or device such
 //    as /dev/zero is refused without reading it); the same holds for
