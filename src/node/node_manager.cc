@@ -262,10 +262,19 @@ bool NodeManager::Working(const Slot& slot) {
          (!slot.queue.empty() && !slot.queue.back().range.Empty());
 }
 
+bool NodeManager::NeedsFence(const Slot& slot) {
+  // Working, and the empty range is not already on its way.
+  return !slot.queue.empty() ? !slot.queue.back().range.Empty()
+                             : !slot.active.range.Empty();
+}
+
 Context NodeManager::CallContext() {
   Context ctx =
       Context::Background(clock_).WithTimeout(options_.operation_timeout);
   MutexLock l(&mu_);
+  // Past the deadline the relays are fencing already: the bound no longer
+  // protects anyone, and a renewal may still help the pod re-join.
+  if (clock_->Now() >= FenceDeadline()) return ctx;
   for (const auto& slot : slots_) {
     if (Working(*slot)) return ctx.WithDeadline(FenceDeadline());
   }
@@ -284,7 +293,9 @@ std::vector<NodeState> NodeManager::Nodes() const {
 
 bool NodeManager::Idle() const {
   MutexLock l(&mu_);
-  if (!waiting_ || wake_ || clock_->Now() >= wait_until_) return false;
+  if (!waiting_ || wake_ || nudge_arrived_ || clock_->Now() >= wait_until_) {
+    return false;
+  }
   for (const auto& slot : slots_) {
     if (!slot->queue.empty()) return false;
   }
@@ -317,7 +328,7 @@ void NodeManager::Loop(std::stop_token stop) {
       nudge_arrived_ = false;
       if (now >= next_poll_) poll_needed_ = true;
       bool working = false;
-      for (const auto& slot : slots_) working = working || Working(*slot);
+      for (const auto& slot : slots_) working = working || NeedsFence(*slot);
       // Woken only because a node returned from UpdateShardRange (wake_):
       // act on the view of the last poll (kept up to date with our own
       // releases and grants) instead of spending a round trip.
@@ -475,7 +486,7 @@ void NodeManager::SelfFence() {
 }
 
 void NodeManager::Fence(Slot& slot, const char* why) {
-  if (!Working(slot)) return;
+  if (!NeedsFence(slot)) return;
   // The empty range supersedes whatever the relay has not started.
   if (slot.in_call) {
     slot.queue.erase(slot.queue.begin() + 1, slot.queue.end());

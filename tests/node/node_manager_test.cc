@@ -1,5 +1,6 @@
 #include "setpoint/node/node_manager.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -120,6 +121,51 @@ class TestNode : public Node {
   int fail_runs_;            // Run thread only.
 };
 
+// A TestNode whose UpdateShardRange to the empty range can be held at a
+// gate, to look at the manager while a fence is being delivered.
+class Gate {
+ public:
+  void Close() {
+    MutexLock l(&mu_);
+    closed_ = true;
+  }
+  void Open() {
+    MutexLock l(&mu_);
+    closed_ = false;
+    cv_.SignalAll();
+  }
+  void Pass() {
+    MutexLock l(&mu_);
+    ++waiting_;
+    cv_.Wait(&mu_, {},
+             [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !closed_; });
+    --waiting_;
+  }
+  int waiting() {
+    MutexLock l(&mu_);
+    return waiting_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class GatedNode : public TestNode {
+ public:
+  GatedNode(std::string id, OwnershipTracker* tracker, Gate* gate)
+      : TestNode(std::move(id), tracker, 0), gate_(gate) {}
+  void UpdateShardRange(const Context& ctx, const ShardAssignment& a) override {
+    if (a.range.Empty()) gate_->Pass();
+    TestNode::UpdateShardRange(ctx, a);
+  }
+
+ private:
+  Gate* gate_;
+};
+
 class NodeManagerTest : public ::testing::Test {
  protected:
   NodeManagerOptions Options(const std::string& pod, NodeRegistry* registry,
@@ -139,6 +185,30 @@ class NodeManagerTest : public ::testing::Test {
         .clock = &clock_,
         .logger = NullLogger(),
     };
+  }
+  NodeManager& StartPodWith(NodeManagerOptions options) {
+    pods_.push_back(std::make_unique<NodeManager>(std::move(options)));
+    EXPECT_THAT(pods_.back()->Start(), IsOk());
+    return *pods_.back();
+  }
+  // Moves simulated time by `d` in 50 ms steps, waiting after each step
+  // only for `pods` to be idle (others may be blocked on purpose).
+  void AdvanceWith(const std::vector<NodeManager*>& pods, absl::Duration d) {
+    for (absl::Duration t; t < d; t += absl::Milliseconds(50)) {
+      clock_.AdvanceTime(absl::Milliseconds(50));
+      ASSERT_TRUE(AwaitCondition([&] {
+        for (NodeManager* pod : pods) {
+          if (!pod->Idle()) return false;
+        }
+        return true;
+      }));
+    }
+  }
+  static bool AllEmpty(NodeManager& pod) {
+    for (const NodeState& n : pod.Nodes()) {
+      if (!n.active.range.Empty()) return false;
+    }
+    return true;
   }
   NodeManager& StartPod(const std::string& pod,
                         NodeRegistry* registry = nullptr, int count = 2,
@@ -235,13 +305,7 @@ TEST_F(NodeManagerTest, GracefulStopHandsOverWithoutWaitingForTheLease) {
     EXPECT_FALSE(n.registered) << n.id;
   }
   // No simulated time passes: the takeover comes from the notification.
-  EXPECT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }))
-      << "polls=" << a.stats().polls << " nudges=" << a.stats().nudges
-      << " deferred=" << a.stats().nudges_deferred
-      << " grants=" << a.stats().grants << " releases=" << a.stats().releases
-      << " conflicts=" << a.stats().grant_conflicts << " "
-      << a.Nodes()[0].active.range.ToString()
-      << a.Nodes()[1].active.range.ToString();
+  EXPECT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }));
   b.Stop();  // Idempotent.
 }
 
@@ -283,6 +347,140 @@ TEST_F(NodeManagerTest, RegistryThatForgotFencesEveryoneThenRecovers) {
   EXPECT_GT(a.Nodes()[0].active.token, old_token);
 }
 
+TEST_F(NodeManagerTest, RecordThatDiffersFromWhatTheNodeHoldsStopsItAtOnce) {
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  NodeState n = a.Nodes()[0];
+  // Same range, another token (someone rewrote the record, or a grant the
+  // node never heard of): the node stops, then is granted afresh.
+  registry_.OverwriteHeld("vm", n.id, {n.active.range, n.active.token + 7});
+  ASSERT_TRUE(AdvanceUntil([&] { return a.stats().fences == 1; }));
+  ASSERT_TRUE(AdvanceUntil([&] {
+    return Balanced({&a}, 2) && a.Nodes()[0].active.token > n.active.token;
+  }));
+  // The right token, but a record that does not cover the node's range:
+  // others could be granted the rest.
+  n = a.Nodes()[0];
+  registry_.OverwriteHeld(
+      "vm", n.id,
+      {{n.active.range.begin, n.active.range.begin + 1}, n.active.token});
+  ASSERT_TRUE(AdvanceUntil([&] { return a.stats().fences == 2; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+}
+
+TEST_F(NodeManagerTest, GrantWhoseReplyWasLostStopsTheNodeAndRecovers) {
+  NodeManager& a = StartPod("a", &faulty_);
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  // a's next two grants (each node grows) happen in the registry, but a
+  // hears timeouts: a node works on less than the record says, under
+  // another token, so it stops before it is granted again.
+  faulty_.LoseNextGrantReplies(2);
+  StopPod(b);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  EXPECT_GE(a.stats().fences, 1);
+}
+
+TEST_F(NodeManagerTest, HungRegistryFencesEveryNodeAtTheDeadline) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b", &faulty_, 4);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 6); }));
+  // b's next registry call blocks and ignores its deadline (a Redis that
+  // hangs). b renewed less than one poll (500 ms) ago, so its fence
+  // deadline (renewal + 3 s - 600 ms) comes within 2.45 s and its lease in
+  // the registry (renewal + 3 s) not before 2.5 s.
+  faulty_.SetHang(true);
+  AdvanceWith({&a}, absl::Milliseconds(2450));
+  EXPECT_TRUE(AwaitCondition([&] { return AllEmpty(b); }));
+  EXPECT_GE(faulty_.hanging(), 1)
+      << "the fence must not wait for the hung call";
+  EXPECT_EQ(b.stats().fences, 4);
+  AdvanceWith({&a}, absl::Seconds(1));
+  ASSERT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }));
+  faulty_.SetHang(false);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 6); }));
+}
+
+TEST_F(NodeManagerTest, NoValidityIsReportedWhileAFenceIsBeingDelivered) {
+  Gate gate;
+  std::atomic<int> reports{0};
+  NodeManagerOptions o = Options("g", &faulty_, 1);
+  o.kinds[0].factory = [&](const NodeInfo& info) {
+    return std::make_unique<GatedNode>(info.id, &tracker_, &gate);
+  };
+  o.on_lease_renewed = [&](absl::Time) { ++reports; };
+  NodeManager& g = StartPodWith(std::move(o));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&g}, 1); }));
+  gate.Close();
+  faulty_.SetDown(true);
+  // Past the deadline the relay starts the fence and blocks in it.
+  for (int i = 0; i < 60 && gate.waiting() == 0; ++i) {
+    clock_.AdvanceTime(absl::Milliseconds(50));
+    ASSERT_TRUE(AwaitCondition([&] { return g.Idle() || gate.waiting() > 0; }));
+  }
+  ASSERT_EQ(gate.waiting(), 1);
+  int before = reports.load();
+  int64_t ok_polls = g.stats().polls - g.stats().poll_failures;
+  faulty_.SetDown(false);
+  // Renewals work again, but the node has not stopped yet: nothing valid
+  // may be reported.
+  auto ok = [&] { return g.stats().polls - g.stats().poll_failures; };
+  for (int i = 0; i < 2; ++i) {
+    int64_t seen = ok();
+    clock_.AdvanceTime(absl::Milliseconds(600));
+    ASSERT_TRUE(AwaitCondition([&] { return ok() > seen; }));
+  }
+  EXPECT_GT(g.stats().polls - g.stats().poll_failures, ok_polls);
+  EXPECT_EQ(reports.load(), before);
+  gate.Open();
+  ASSERT_TRUE(AdvanceUntil(
+      [&] { return reports.load() > before && Balanced({&g}, 1); }));
+}
+
+TEST_F(NodeManagerTest, RestoredOlderSnapshotFencesEveryoneForOneLease) {
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  InMemoryNodeRegistry::Snapshot old = registry_.TakeSnapshot();
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  // Redis restarts from a snapshot taken before b joined: it records a's
+  // old ranges and knows nothing of b.
+  registry_.Restore(old);
+  ASSERT_TRUE(AdvanceUntil([&] {
+    return a.stats().epoch_changes == 1 && b.stats().epoch_changes == 1;
+  }));
+  absl::Time restored = clock_.Now();
+  ASSERT_TRUE(AdvanceUntil([&] { return AllEmpty(a) && AllEmpty(b); }));
+  int64_t grants = a.stats().grants + b.stats().grants;
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  EXPECT_GT(a.stats().grants + b.stats().grants, grants);
+  EXPECT_GE(clock_.Now() - restored, absl::Seconds(2.5))
+      << "no grant for one lease after the restart";
+}
+
+TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
+  NodeManager& a = StartPod("a", &faulty_);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  Settle();
+  int64_t polls = a.stats().polls;
+  faulty_.Announce(10000);
+  Settle();
+  // A burst, then nothing until the clock refills the bucket.
+  EXPECT_LE(a.stats().polls - polls, 4);
+  EXPECT_GE(a.stats().nudges, 10000);
+  polls = a.stats().polls;
+  for (int i = 0; i < 20; ++i) {
+    faulty_.Announce(100);
+    Settle();
+    clock_.AdvanceTime(absl::Milliseconds(50));
+  }
+  Settle();
+  // One second: at most one poll per 50 ms (poll_interval / 10), plus the
+  // two the interval asks for.
+  EXPECT_LE(a.stats().polls - polls, 20 + 2 + 1);
+  EXPECT_TRUE(Balanced({&a}, 2));
+}
+
 TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
   InMemoryNodeRegistry registry;
   auto factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
@@ -312,6 +510,7 @@ TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
       {[](auto& o) { o.lease = o.poll_interval; }, "lease"},
       {[](auto& o) { o.fence_margin = o.lease; }, "fence_margin"},
       {[](auto& o) { o.pod_id = "x/y"; }, "pod_id"},
+      {[](auto& o) { o.nudge_burst = 0; }, "nudge_burst"},
   };
   for (const Case& c : cases) {
     NodeManagerOptions o = base();

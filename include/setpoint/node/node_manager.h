@@ -197,6 +197,8 @@ class NodeManager {
   Context CallContext();
   // True when the slot works on shards or is about to.
   static bool Working(const Slot& slot);
+  // True when the slot works and the empty range is not queued yet.
+  static bool NeedsFence(const Slot& slot);
   // Replaces what the relay has not started with the empty range (once).
   void Fence(Slot& slot, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One node's next move; `view` is updated with our own writes.

@@ -13,8 +13,11 @@
 #define SETPOINT_TESTING_FAULTY_NODE_REGISTRY_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,8 +35,31 @@ class FaultyNodeRegistry : public NodeRegistry {
   void SetDown(bool down) { down_.store(down); }
   // The next `n` calls fail with kUnavailable.
   void FailNext(int n) { fail_next_.store(n); }
-  // The next `n` grants take effect in the wrapped registry but report
-  // kDeadlineExceeded, as when a reply is lost after Redis ran the script.
+  // While set, every call blocks (ignoring its context, as a socket read
+  // on a Redis that hangs does) until SetHang(false); then it fails with
+  // kDeadlineExceeded. Clear it before the registry's users stop.
+  void SetHang(bool hang) {
+    std::lock_guard<std::mutex> l(hang_mu_);
+    hang_ = hang;
+    hang_cv_.notify_all();
+  }
+  // Calls blocked by SetHang right now.
+  int hanging() const { return hanging_.load(); }
+  // Runs every listener added through this wrapper `n` times, from the
+  // calling thread, as a flood of change announcements would.
+  void Announce(int n) {
+    std::vector<std::function<void()>> copy;
+    {
+      std::lock_guard<std::mutex> l(hang_mu_);
+      for (auto& [id, f] : listeners_) copy.push_back(f);
+    }
+    for (int i = 0; i < n; ++i) {
+      for (auto& f : copy) f();
+    }
+  }
+  // The next `n` grants that succeed take effect in the wrapped registry
+  // but report kDeadlineExceeded, as when a reply is lost after Redis ran
+  // the script.
   void LoseNextGrantReplies(int n) { lose_grant_replies_.store(n); }
   // Calls refused so far.
   int64_t refused() const { return refused_.load(); }
@@ -53,13 +79,14 @@ class FaultyNodeRegistry : public NodeRegistry {
                                  const std::string& node_id, ShardRange target,
                                  const std::string& epoch) override {
     if (absl::Status s = Fault("grant"); !s.ok()) return s;
-    if (ExecuteButFail()) {
-      // The grant happens, but the caller hears a timeout (a reply lost on
-      // the way back).
-      (void)base_->Grant(ctx, kind, node_id, target, epoch);
+    absl::StatusOr<uint64_t> token =
+        base_->Grant(ctx, kind, node_id, target, epoch);
+    if (token.ok() && ExecuteButFail()) {
+      // The grant happened, but the caller hears a timeout (a reply lost
+      // on the way back).
       return absl::DeadlineExceededError("grant: injected lost reply");
     }
-    return base_->Grant(ctx, kind, node_id, target, epoch);
+    return token;
   }
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override {
@@ -68,14 +95,30 @@ class FaultyNodeRegistry : public NodeRegistry {
   }
   // Notifications still arrive while down: they only make pollers look.
   int64_t AddChangeListener(std::function<void()> listener) override {
-    return base_->AddChangeListener(std::move(listener));
+    int64_t id = base_->AddChangeListener(listener);
+    std::lock_guard<std::mutex> l(hang_mu_);
+    listeners_[id] = std::move(listener);
+    return id;
   }
   void RemoveChangeListener(int64_t id) override {
     base_->RemoveChangeListener(id);
+    std::lock_guard<std::mutex> l(hang_mu_);
+    listeners_.erase(id);
   }
 
  private:
   absl::Status Fault(const char* op) {
+    {
+      std::unique_lock<std::mutex> l(hang_mu_);
+      if (hang_) {
+        ++hanging_;
+        hang_cv_.wait(l, [this] { return !hang_; });
+        --hanging_;
+        ++refused_;
+        return absl::DeadlineExceededError(std::string(op) +
+                                           ": injected fault (registry hung)");
+      }
+    }
     bool fail = down_.load();
     if (!fail) {
       int n = fail_next_.load();
@@ -101,6 +144,11 @@ class FaultyNodeRegistry : public NodeRegistry {
   std::atomic<bool> down_{false};
   std::atomic<int> fail_next_{0};
   std::atomic<int64_t> refused_{0};
+  std::mutex hang_mu_;
+  std::condition_variable hang_cv_;
+  bool hang_ = false;  // Guarded by hang_mu_.
+  std::atomic<int> hanging_{0};
+  std::map<int64_t, std::function<void()>> listeners_;  // By hang_mu_.
 };
 
 }  // namespace setpoint::testing
