@@ -299,6 +299,8 @@ TEST_F(NodeManagerTest, GracefulStopHandsOverWithoutWaitingForTheLease) {
   NodeManager& a = StartPod("a");
   NodeManager& b = StartPod("b");
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  // Let the nudge rate limit refill (the handoff's own nudges used it).
+  AdvanceUntil([] { return false; }, absl::Milliseconds(300));
   StopPod(b);
   for (const NodeState& n : b.Nodes()) {
     EXPECT_TRUE(n.active.range.Empty()) << n.id;
@@ -447,7 +449,9 @@ TEST_F(NodeManagerTest, RestoredOlderSnapshotFencesEveryoneForOneLease) {
   // old ranges and knows nothing of b.
   registry_.Restore(old);
   ASSERT_TRUE(AdvanceUntil([&] {
-    return a.stats().epoch_changes == 1 && b.stats().epoch_changes == 1;
+    // One each, or two when the second poller had seen a newer version
+    // than the first one's new epoch.
+    return a.stats().epoch_changes >= 1 && b.stats().epoch_changes >= 1;
   }));
   absl::Time restored = clock_.Now();
   ASSERT_TRUE(AdvanceUntil([&] { return AllEmpty(a) && AllEmpty(b); }));
