@@ -85,6 +85,45 @@ RedisServer::~RedisServer() {
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
 }
 
+absl::Status RedisServer::Restart() {
+  Stop();
+  std::error_code ec;
+  std::filesystem::remove(dir_ + "/dump.rdb", ec);
+  return Start();
+}
+
+absl::Status RedisServer::SaveSnapshot(const std::string& name) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
+  bool ok = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const char save[] = "SAVE\r\n";
+    char buf[16] = {};
+    ok = write(fd, save, sizeof(save) - 1) == sizeof(save) - 1 &&
+         read(fd, buf, sizeof(buf) - 1) > 0 && std::strncmp(buf, "+OK", 3) == 0;
+  }
+  close(fd);
+  if (!ok) return absl::InternalError("redis SAVE failed");
+  std::error_code ec;
+  std::filesystem::copy_file(dir_ + "/dump.rdb", dir_ + "/" + name,
+                             std::filesystem::copy_options::overwrite_existing,
+                             ec);
+  if (ec) return absl::InternalError("copy snapshot: " + ec.message());
+  return absl::OkStatus();
+}
+
+absl::Status RedisServer::RestartFrom(const std::string& name) {
+  Stop();
+  std::error_code ec;
+  std::filesystem::copy_file(dir_ + "/" + name, dir_ + "/dump.rdb",
+                             std::filesystem::copy_options::overwrite_existing,
+                             ec);
+  if (ec) return absl::InternalError("restore snapshot: " + ec.message());
+  return Start();
+}
+
 std::string RedisServer::tcp_address() const {
   return absl::StrCat("127.0.0.1:", port_);
 }

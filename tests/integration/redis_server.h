@@ -1,7 +1,9 @@
 // RedisServer: a real redis-server for integration tests, started on a unix
 // socket in a fresh temporary directory (and, if asked, on a free loopback
-// TCP port), without persistence. Stop() kills it; Restart() starts it again
-// on the same socket and port with empty memory, as a crash would leave it.
+// TCP port), without automatic persistence. Stop() kills it; Restart()
+// starts it again on the same socket and port with empty memory, as a crash
+// would leave it; SaveSnapshot() and RestartFrom() play a restart from an
+// RDB file written earlier.
 //
 //   RedisServer server;
 //   ASSERT_OK(server.Start());
@@ -45,10 +47,14 @@ class RedisServer {
   absl::Status Start();
   // SIGKILL, and wait for the process.
   void Stop();
-  absl::Status Restart() {
-    Stop();
-    return Start();
-  }
+  // SIGKILL, and start again with empty memory (as after a crash without
+  // persistence).
+  absl::Status Restart();
+  // SAVE, and keep a copy of the snapshot under `name`.
+  absl::Status SaveSnapshot(const std::string& name);
+  // SIGKILL, and start again from the snapshot saved under `name` (as a
+  // crash-restart from an RDB file written some time before).
+  absl::Status RestartFrom(const std::string& name);
   // SIGSTOP / SIGCONT: the server stops answering without closing sockets.
   void Pause();
   void Resume();
