@@ -109,6 +109,23 @@ absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
   if (o.fence_margin < absl::ZeroDuration() || o.fence_margin >= o.lease) {
     return Invalid("fence_margin", "must be >= 0 and < lease");
   }
+  // The nodes must be able to work between two renewals: a margin that
+  // leaves less than one poll interval fences on every cycle.
+  absl::Duration margin = o.fence_margin > absl::ZeroDuration()
+                              ? o.fence_margin
+                              : std::max(o.lease / 5, o.poll_interval);
+  if (o.lease - margin <= o.poll_interval) {
+    return Invalid(
+        "fence_margin",
+        absl::StrCat("(", absl::FormatDuration(margin),
+                     o.fence_margin > absl::ZeroDuration()
+                         ? ""
+                         : ", the default max(20% of lease, poll_interval)",
+                     ") must leave more than poll_interval (",
+                     absl::FormatDuration(o.poll_interval), ") of the lease (",
+                     absl::FormatDuration(o.lease),
+                     "); raise lease or lower the margin"));
+  }
   if (o.operation_timeout <= absl::ZeroDuration()) {
     return Invalid("operation_timeout", "must be > 0");
   }

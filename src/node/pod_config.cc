@@ -41,8 +41,9 @@ constexpr int kMaxNodes = 100'000;
 constexpr size_t kMaxPasswordFileBytes = 64 << 10;
 constexpr absl::Duration kMaxDuration = absl::Hours(24);
 
-constexpr std::array<absl::string_view, 5> kTopKeys = {
-    "pod_id", "poll_interval", "lease", "fence_margin", "operation_timeout"};
+constexpr std::array<absl::string_view, 6> kTopKeys = {
+    "pod_id",       "poll_interval",     "lease",
+    "fence_margin", "operation_timeout", "nudge_burst"};
 constexpr std::array<absl::string_view, 10> kRegistryKeys = {"type",
                                                              "address",
                                                              "username",
@@ -581,6 +582,9 @@ absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
     return dur(&m.fence_margin, true);
   } else if (key == "operation_timeout") {
     return dur(&m.operation_timeout, false);
+  } else if (key == "nudge_burst") {
+    SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(field, v, 1, 1000));
+    m.nudge_burst = static_cast<int>(n);
   } else if (key == "registry.type") {
     if (v != "memory" && v != "redis") {
       return Bad(field, absl::StrCat("must be memory or redis, got \"",

@@ -515,6 +515,11 @@ TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
       {[](auto& o) { o.fence_margin = o.lease; }, "fence_margin"},
       {[](auto& o) { o.pod_id = "x/y"; }, "pod_id"},
       {[](auto& o) { o.nudge_burst = 0; }, "nudge_burst"},
+      {[](auto& o) {
+         o.poll_interval = absl::Milliseconds(500);
+         o.lease = absl::Milliseconds(900);  // default margin 500 ms
+       },
+       "fence_margin"},
   };
   for (const Case& c : cases) {
     NodeManagerOptions o = base();

@@ -308,6 +308,14 @@ TEST(PodConfigTest, RefusesCountsAbove1024) {
               IsOk());
 }
 
+TEST(PodConfigTest, NudgeBurstIsAPositiveCount) {
+  auto c = ParsePodConfig(kMinimal, {"--nudge_burst=8"});
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->manager.nudge_burst, 8);
+  EXPECT_THAT(ParsePodConfig(kMinimal, {"--nudge_burst=0"}).status(),
+              Refused({"nudge_burst", "1..1000"}));
+}
+
 TEST(PodConfigTest, RefusesMoreThan64Kinds) {
   std::string text = "kinds:\n";
   for (int i = 0; i < 65; ++i) absl::StrAppend(&text, "  - {kind: k", i, "}\n");

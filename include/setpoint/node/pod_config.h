@@ -5,6 +5,7 @@
 //   # pod.yaml
 //   pod_id: pod-a              # default: <hostname>-<pid>
 //   poll_interval: 500ms
+//   nudge_burst: 4             # change-driven polls in a burst
 //   lease: 3s
 //   kinds:
 //     - {kind: vm, count: 2, ring_size: 4096}
