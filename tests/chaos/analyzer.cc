@@ -152,19 +152,28 @@ std::vector<Interval> Intervals(const PodRecord& rec, Cut cut) {
     for (const auto& [s, o] : open) {
       ivs.push_back({rec.log.pod, node, s, o.second, o.first, kNever});
     }
-    // Spans excluded from this node's ownership (Cut::kCalls).
+    // Spans excluded from this node's ownership (Cut::kCalls): from a
+    // SIGSTOP that outlived the validity until the node's fence returned,
+    // or until the pod reported validity again, whichever came first (a
+    // pod that resumes without fencing owns again from its renewal).
     std::vector<Span> excluded;
     if (cut == Cut::kCalls) {
       for (const Span& stop : rec.stops) {
         if (ValidUntil(spans, stop.first) > stop.second) continue;  // Valid.
-        int64_t fenced = kNever;
+        int64_t until = kNever;
         for (const Call& c : calls) {
           if (c.to.Empty() && c.end != kNever && c.end >= stop.second) {
-            fenced = c.end;
+            until = c.end;
             break;
           }
         }
-        excluded.push_back({stop.first, fenced});
+        for (const Span& v : spans) {
+          if (v.first >= stop.second) {
+            until = std::min(until, v.first);
+            break;
+          }
+        }
+        excluded.push_back({stop.first, until});
       }
     }
     for (Interval iv : ivs) {
@@ -176,15 +185,14 @@ std::vector<Interval> Intervals(const PodRecord& rec, Cut cut) {
       for (const Span& ex : excluded) {
         std::vector<Interval> next;
         for (const Interval& p : pieces) {
-          if (!Intersects({p.start, p.end}, ex)) {
+          // Only what the node held when it was stopped.
+          if (p.start >= ex.first || p.end <= ex.first) {
             next.push_back(p);
             continue;
           }
-          if (p.start < ex.first) {
-            Interval a = p;
-            a.end = ex.first;
-            next.push_back(a);
-          }
+          Interval a = p;
+          a.end = ex.first;
+          next.push_back(a);
           if (ex.second < p.end) {
             Interval b = p;
             b.start = ex.second;

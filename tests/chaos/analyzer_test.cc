@@ -171,6 +171,26 @@ TEST(ChaosAnalyzerTest, ASigstopPastValidityIsExcusedOnlyUntilTheFence) {
           kNever, {{200, 1000}});
   EXPECT_EQ(CheckOneOwner(All({short_stop, b}, Cut::kCalls), 1).overlaps.size(),
             1u);
+  // A pod that reports validity again (R at 1002) before its fence owns
+  // again from then: b and it overlap in [1002,1010).
+  PodRecord resumed =
+      Rec(S("a", 1) + R(50, 300) + B("a/work/0", 0, 1, 5, 100) +
+              E("a/work/0", 101) + R(1002, 2000) +
+              B("a/work/0", 0, 0, 0, 1005) + E("a/work/0", 1010),
+          kNever, {{200, 1000}});
+  OwnerCheck check = CheckOneOwner(All({resumed, b}, Cut::kCalls), 1);
+  ASSERT_EQ(check.overlaps.size(), 1u);
+  EXPECT_EQ(check.overlaps[0].from, 1002);
+  EXPECT_EQ(check.overlaps[0].to, 1010);
+  // A range granted after the SIGCONT is not excused.
+  PodRecord regranted =
+      Rec(S("a", 1) + R(50, 300) + B("a/work/0", 0, 0, 0, 1005) +
+              E("a/work/0", 1010) + R(1020, 5000) +
+              B("a/work/0", 0, 1, 9, 1030) + E("a/work/0", 1031) +
+              B("a/work/0", 0, 0, 0, 3000) + E("a/work/0", 3001),
+          kNever, {{200, 1000}});
+  EXPECT_EQ(CheckOneOwner(All({regranted, b}, Cut::kCalls), 1).overlaps.size(),
+            1u);
 }
 
 TEST(ChaosAnalyzerTest, TokensMustGrowPerShard) {

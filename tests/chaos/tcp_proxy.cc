@@ -203,25 +203,10 @@ void TcpProxy::Loop(std::stop_token stop) {
     }
     conns.clear();
   };
+  // The controls as of the last wake-up: what to watch while waiting.
+  bool partitioned = false;
+  int64_t delay = 0;
   while (!stop.stop_requested()) {
-    bool partitioned;
-    int64_t delay, kill_generation;
-    {
-      MutexLock l(&mu_);
-      partitioned = partitioned_;
-      delay = delay_ns_;
-      kill_generation = kill_generation_;
-      stats_.open = static_cast<int64_t>(conns.size());
-    }
-    if (kill_generation != seen_kill) {
-      seen_kill = kill_generation;
-      int64_t n = static_cast<int64_t>(conns.size());
-      close_all(/*reset=*/true);
-      MutexLock l(&mu_);
-      stats_.killed += n;
-      stats_.open = 0;
-    }
-
     int64_t now = NowNanos();
     int64_t next_due = INT64_MAX;
     std::vector<pollfd> fds;
@@ -266,6 +251,22 @@ void TcpProxy::Loop(std::stop_token stop) {
       while (read(wake_read_, drain, sizeof(drain)) > 0) {
       }
     }
+    // Controls changed while we waited apply to everything read below.
+    int64_t kill_generation;
+    {
+      MutexLock l(&mu_);
+      partitioned = partitioned_;
+      delay = delay_ns_;
+      kill_generation = kill_generation_;
+      if (kill_generation != seen_kill) {
+        stats_.killed += static_cast<int64_t>(conns.size());
+      }
+      stats_.open = static_cast<int64_t>(conns.size());
+    }
+    if (kill_generation != seen_kill) {
+      seen_kill = kill_generation;
+      close_all(/*reset=*/true);
+    }
     if (fds[0].revents & POLLIN) {
       while (true) {
         int client =
@@ -294,8 +295,7 @@ void TcpProxy::Loop(std::stop_token stop) {
       }
     }
     if (partitioned) continue;
-    // Only connections that were polled (the ones before any accepted in
-    // this round) have revents; new ones are simply tried.
+    // Every connection is tried (non-blocking): a few per proxy.
     int64_t forwarded = 0;
     now = NowNanos();
     for (size_t i = 0; i < conns.size(); ++i) {
@@ -355,10 +355,9 @@ void TcpProxy::Loop(std::stop_token stop) {
       }
       conns.erase(conns.begin() + static_cast<ptrdiff_t>(i));
     }
-    if (forwarded > 0) {
-      MutexLock l(&mu_);
-      stats_.bytes += forwarded;
-    }
+    MutexLock l(&mu_);
+    stats_.bytes += forwarded;
+    stats_.open = static_cast<int64_t>(conns.size());
   }
   close_all(/*reset=*/false);
 }
