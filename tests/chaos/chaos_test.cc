@@ -884,7 +884,10 @@ void ChaosHarness::Run() {
   absl::Status started = redis_->Start();
   if (absl::IsNotFound(started)) {
     const char* ci = getenv("CI");
-    if (ci == nullptr || *ci == '\0') GTEST_SKIP() << started;
+    if (ci == nullptr || *ci == '\0') {
+      keep_dir_ = false;
+      GTEST_SKIP() << started;
+    }
   }
   ASSERT_TRUE(started.ok()) << started;
   RegisterChild(redis_->pid());
