@@ -260,11 +260,15 @@ class NodeManagerTest : public ::testing::Test {
     return active == nodes && total == kRing;
   }
   void TearDown() override {
+    gate_.Open();            // A failed test may leave a relay at the gate.
+    faulty_.SetHang(false);  // ...or a protocol thread in a hung call.
     for (auto& pod : pods_) pod->Stop();
     EXPECT_THAT(tracker_.violations(), IsEmpty());
   }
 
   SimulatedClock clock_;
+  Gate gate_;
+  std::atomic<int> reports_{0};  // on_lease_renewed calls.
   InMemoryNodeRegistry registry_{{.clock = &clock_}};
   FaultyNodeRegistry faulty_{&registry_};
   OwnershipTracker tracker_;
@@ -404,8 +408,8 @@ TEST_F(NodeManagerTest, HungRegistryFencesEveryNodeAtTheDeadline) {
 }
 
 TEST_F(NodeManagerTest, NoValidityIsReportedWhileAFenceIsBeingDelivered) {
-  Gate gate;
-  std::atomic<int> reports{0};
+  Gate& gate = gate_;
+  std::atomic<int>& reports = reports_;
   NodeManagerOptions o = Options("g", &faulty_, 1);
   o.kinds[0].factory = [&](const NodeInfo& info) {
     return std::make_unique<GatedNode>(info.id, &tracker_, &gate);
