@@ -279,9 +279,13 @@ void TcpProxy::Loop(std::stop_token stop) {
         }
         int upstream = refuse_now ? -1 : ConnectLoopback(upstream_port_);
         if (upstream < 0) {
+          {
+            // Counted before the reset, so a client that saw the reset
+            // also sees the count.
+            MutexLock l(&mu_);
+            ++stats_.refused;
+          }
           ResetClose(client);
-          MutexLock l(&mu_);
-          ++stats_.refused;
           continue;
         }
         NoDelay(client);
