@@ -246,6 +246,9 @@ void NodeManager::Wake() {
   // (a registry that notifies synchronously): we know about it already.
   if (std::this_thread::get_id() == loop_id_.load()) return;
   MutexLock l(&mu_);
+  // While the registry refuses grants (a new epoch), no change can be acted
+  // on: the poll at grants_at_ sees them all.
+  if (clock_->Now() < grants_at_) return;
   ++stats_.nudges;
   nudged_ = true;
   nudge_arrived_ = true;
@@ -343,7 +346,10 @@ void NodeManager::Loop(std::stop_token stop) {
         }
       }
       nudge_arrived_ = false;
-      if (now >= next_poll_) poll_needed_ = true;
+      if (now >= next_poll_ ||
+          (grants_at_ != absl::InfinitePast() && now >= grants_at_)) {
+        poll_needed_ = true;
+      }
       bool working = false;
       for (const auto& slot : slots_) working = working || NeedsFence(*slot);
       // Woken only because a node returned from UpdateShardRange (wake_):
@@ -354,6 +360,7 @@ void NodeManager::Loop(std::stop_token stop) {
         break;
       }
       absl::Time next = next_poll_;
+      if (grants_at_ != absl::InfinitePast()) next = std::min(next, grants_at_);
       // Wake in time to fence if renewals keep failing (the relays fence
       // on their own too).
       if (working) next = std::min(next, FenceDeadline());
@@ -394,6 +401,7 @@ void NodeManager::Tick() {
       // This poll answers every announcement so far.
       nudged_ = false;
       next_poll_ = clock_->Now() + options_.poll_interval;
+      if (clock_->Now() >= grants_at_) grants_at_ = absl::InfinitePast();
     }
   }
   if (!poll) {
@@ -452,6 +460,15 @@ void NodeManager::Tick() {
         epoch_ = result->epoch;
       }
       max_version_ = std::max(max_version_, result->version);
+      // Grants refused for a while (a new epoch): poll again the moment
+      // they are allowed (measured from when the answer came, so never
+      // early), and ignore nudges until then.
+      grants_at_ = absl::InfinitePast();
+      if (result->grants_from > result->server_time &&
+          result->server_time != absl::InfinitePast()) {
+        grants_at_ =
+            clock_->Now() + (result->grants_from - result->server_time);
+      }
       bool fencing = false;
       for (auto& slot : slots_) {
         if (slot->lease_fenced && !Working(*slot) && slot->queue.empty()) {

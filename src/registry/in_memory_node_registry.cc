@@ -64,6 +64,7 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
     ++version_;
     result.epoch = epoch_;
     result.grants_from = grants_from_;
+    result.server_time = now;
     result.version = version_;
   }
   if (changed) Changed();
@@ -154,7 +155,7 @@ absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
     k.held[node_id] = ShardAssignment{target, token};
     ++version_;
   }
-  Changed();
+  // No announcement: nobody waits for a grant (as on Redis).
   return token;
 }
 

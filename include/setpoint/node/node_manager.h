@@ -236,6 +236,9 @@ class NodeManager {
   absl::Time nudge_refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // When the interval asks for the next poll.
   absl::Time next_poll_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // While the registry refuses grants (a new epoch): when they open, on our
+  // clock. InfinitePast when they are open.
+  absl::Time grants_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;

@@ -69,6 +69,9 @@ struct PollResult {
   // (one lease after the epoch began), so anyone who believed in an older
   // state has stopped. Informational.
   absl::Time grants_from = absl::InfinitePast();
+  // The registry's clock when it served the poll (with grants_from, tells
+  // how long grants stay refused).
+  absl::Time server_time = absl::InfinitePast();
 };
 
 class NodeRegistry {

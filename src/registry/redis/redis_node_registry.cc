@@ -275,7 +275,8 @@ return 'OK'
 // Grants [begin,end) if the state is still the epoch the caller polled, the
 // node is live, grants are allowed, and no other live member holds any of
 // it. Tokens only grow, also across a loss of Redis's state: each is at
-// least the server time in microseconds.
+// least the server time in microseconds. A grant announces nothing: nobody
+// waits for one (growers wait for releases and leaves, which announce).
 constexpr char kGrantScript[] = R"lua(
 local now, t = now_ms()
 for i = 1, 4 do
@@ -341,7 +342,6 @@ end
 redis.call('SET', KEYS[7], token)
 redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. token)
 bump_version(KEYS[4])
-redis.call('PUBLISH', ARGV[4], ARGV[6])
 return token
 )lua";
 

@@ -106,9 +106,12 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
   result.grants_from =
       absl::FromUnixMillis(static_cast<int64_t>(grants_from_ms));
   uint64_t now_ms = 0;
-  if (!ParseDecimal(e[2].str, &now_ms)) {
+  if (!ParseDecimal(e[2].str, &now_ms) ||
+      now_ms >
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max() / 1000)) {
     return Shape(absl::StrCat("server time ", Quote(e[2].str)));
   }
+  result.server_time = absl::FromUnixMillis(static_cast<int64_t>(now_ms));
   if (!ParseDecimal(e[3].str, &result.version)) {
     return Shape(absl::StrCat("version ", Quote(e[3].str)));
   }
