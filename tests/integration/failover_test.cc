@@ -137,10 +137,20 @@ class Pod {
       : id_(id), log_(dir + "/" + id + ".log") {
     pid_ = fork();
     if (pid_ == 0) {
-      std::string lease = std::to_string(kLeaseMs);
-      std::string poll = std::to_string(kPollMs);
-      execl(SETPOINT_FAILOVER_POD, SETPOINT_FAILOVER_POD, redis.c_str(),
-            id.c_str(), log_.c_str(), lease.c_str(), poll.c_str(),
+      // The chaos suite's pod: two nodes of kind "work" on a ring of 64.
+      std::string args[] = {
+          "--redis=" + redis,
+          "--pod=" + id,
+          "--log=" + log_,
+          "--nodes=2",
+          "--ring=" + std::to_string(kRing),
+          "--lease_ms=" + std::to_string(kLeaseMs),
+          "--poll_ms=" + std::to_string(kPollMs),
+          "--ns=failover",
+      };
+      execl(SETPOINT_CHAOS_POD, SETPOINT_CHAOS_POD, args[0].c_str(),
+            args[1].c_str(), args[2].c_str(), args[3].c_str(), args[4].c_str(),
+            args[5].c_str(), args[6].c_str(), args[7].c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
     }
