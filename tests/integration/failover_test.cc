@@ -214,6 +214,7 @@ TEST(FailoverTest, KillPauseAndJoinNeverGiveAShardTwoOwners) {
   b.Signal(SIGSTOP);
   ASSERT_TRUE(AwaitCondition([&] { return Cover({&c}); }, wait))
       << "c alone must take over from the frozen b";
+  const int64_t thawed = Now();
   b.Signal(SIGCONT);
   ASSERT_TRUE(AwaitCondition([&] { return Cover({&b, &c}); }, wait));
 
@@ -263,6 +264,39 @@ TEST(FailoverTest, KillPauseAndJoinNeverGiveAShardTwoOwners) {
       ASSERT_NE(next, ivs.end()) << "shard " << s << " never taken over";
       worst_takeover = std::max(worst_takeover, next->start - a.death);
     }
+  }
+  // The frozen pod, once thawed, fences before it does anything else: the
+  // time from SIGCONT until each of its nodes returned from the empty
+  // range. Only fencing tokens cover this moment (docs/registry.md).
+  {
+    std::ifstream in(b.log());
+    std::string line;
+    std::map<std::string, int64_t> emptied_at;
+    std::map<std::string, bool> emptying;
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string kind, node;
+      f >> kind;
+      if (kind == "B") {
+        uint32_t begin, end;
+        uint64_t token;
+        int64_t t;
+        f >> node >> begin >> end >> token >> t;
+        emptying[node] = t >= thawed && begin >= end;
+      } else if (kind == "E") {
+        int64_t t;
+        f >> node >> t;
+        if (emptying[node] && !emptied_at.contains(node)) emptied_at[node] = t;
+      }
+    }
+    int64_t worst_thaw = 0;
+    for (const auto& [node, t] : emptied_at) {
+      worst_thaw = std::max(worst_thaw, t - thawed);
+    }
+    EXPECT_EQ(emptied_at.size(), 2u) << "both nodes of the thawed pod fence";
+    std::printf("thawed pod's nodes fenced %.1f ms after SIGCONT\n",
+                worst_thaw / 1e6);
+    RecordProperty("thaw_to_fence_us", static_cast<int>(worst_thaw / 1000));
   }
   RecordProperty("worst_takeover_ms",
                  static_cast<int>(worst_takeover / 1'000'000));
