@@ -12,9 +12,18 @@
 //   crash failover   a pod's registry calls stop (as if the process died);
 //                    time until the other pod owns everything (defaults:
 //                    lease 3 s, poll 500 ms)
+//   cold start       10, 50 and 100 pods of 10 nodes on a fresh namespace:
+//                    time until every shard is owned, polls per pod,
+//                    round trips
 //   steady cost      Redis commands per pod and per node per second, and
 //                    Redis CPU, with 100 pods of 10 nodes (1,000 nodes)
+//   rolling restart  each of the 100 pods in turn stops gracefully and a
+//                    new one starts: per step, the time until the ring is
+//                    owned again and the longest time a shard had no owner
+//   mass failure     20 of the 100 pods die at once: time until every shard
+//                    is owned again
 // Exit code 1 if a run does not converge.
+#include <stdlib.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -55,8 +64,36 @@ class Coverage {
  public:
   void Set(const std::string& node, ShardRange r) {
     std::lock_guard l(mu_);
+    ShardRange old = ranges_[node];
+    auto now = Clock::now();
+    for (uint32_t s = old.begin; s < old.end; ++s) {
+      if (r.Contains(s)) continue;
+      if (--owners_[s] == 0) unowned_since_[s] = now;
+    }
+    for (uint32_t s = r.begin; s < r.end; ++s) {
+      if (old.Contains(s)) continue;
+      if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
+        max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+      }
+    }
     ranges_[node] = r;
     cv_.notify_all();
+  }
+  // The longest time a shard went without an owner since the last call
+  // (shards that were never owned do not count).
+  Clock::duration TakeMaxGap() {
+    std::lock_guard l(mu_);
+    Clock::duration gap = max_gap_;
+    max_gap_ = Clock::duration::zero();
+    return gap;
+  }
+  // Forgets every node (between scenarios on fresh namespaces).
+  void Reset() {
+    std::lock_guard l(mu_);
+    ranges_.clear();
+    for (auto& o : owners_) o = 0;
+    for (auto& t : unowned_since_) t = Clock::time_point();
+    max_gap_ = Clock::duration::zero();
   }
   // Waits until the nodes whose id starts with one of `prefixes` own the
   // whole ring, each node a non-empty range. Returns false after `timeout`.
@@ -81,6 +118,9 @@ class Coverage {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, ShardRange> ranges_;
+  int owners_[kRing] = {};
+  Clock::time_point unowned_since_[kRing] = {};
+  Clock::duration max_gap_ = Clock::duration::zero();
 };
 
 class BenchNode : public Node {
@@ -108,10 +148,11 @@ struct Pod {
 
 std::unique_ptr<Pod> MakePod(const std::string& address, const std::string& id,
                              int nodes, Coverage* coverage,
-                             absl::Duration lease, absl::Duration poll) {
+                             absl::Duration lease, absl::Duration poll,
+                             const std::string& ns = "bench") {
   auto pod = std::make_unique<Pod>();
   auto registry = RedisNodeRegistry::Create(
-      {.address = address, .ns = "bench", .logger = testing::NullLogger()});
+      {.address = address, .ns = ns, .logger = testing::NullLogger()});
   if (!registry.ok()) return nullptr;
   pod->registry = std::move(*registry);
   pod->faulty =
@@ -170,8 +211,10 @@ RedisStats ReadStats(const std::string& address) {
       absl::string_view rest = kv.second;
       if (absl::ConsumePrefix(&rest, "calls=") &&
           absl::SimpleAtoi(rest.substr(0, rest.find(',')), &calls) &&
-          (name == "evalsha" || name == "eval" || name == "script" ||
-           name == "subscribe" || name == "info")) {
+          // INFO is left out: the scripts run it inside (for the server's
+          // run id), and the bench's own INFO is not the pods' cost.
+          (name == "evalsha" || name == "eval" ||
+           absl::StartsWith(name, "script") || name == "subscribe")) {
         s.round_trips += calls;
       }
     } else if (kv.first == "total_commands_processed") {
@@ -182,6 +225,62 @@ RedisStats ReadStats(const std::string& address) {
     }
   }
   return s;
+}
+
+int64_t Polls(const std::vector<std::unique_ptr<Pod>>& fleet) {
+  int64_t n = 0;
+  for (const auto& p : fleet) n += p->manager->stats().polls;
+  return n;
+}
+
+std::vector<std::string> Prefixes(
+    const std::vector<std::unique_ptr<Pod>>& fleet) {
+  std::vector<std::string> out;
+  for (const auto& p : fleet) out.push_back(p->manager->pod_id() + "/");
+  return out;
+}
+
+double LoadAverage() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
+// Cold start of `pods` pods of 10 nodes on a namespace nobody used yet:
+// grants open one lease after the first poll. Prints the time until every
+// shard is owned as AssignShards says, from the start and from the end of
+// the namespace's first lease, and the polls and round trips it took.
+bool ColdStart(const std::string& address, int pods, Coverage* coverage,
+               absl::Duration lease, absl::Duration poll) {
+  const int per_pod = 10;
+  const std::string ns = absl::StrCat("cold", pods);
+  coverage->Reset();
+  RedisStats before = ReadStats(address);
+  std::vector<std::unique_ptr<Pod>> fleet;
+  auto start = Clock::now();
+  for (int i = 0; i < pods; ++i) {
+    fleet.push_back(MakePod(address, absl::StrCat("p", i), per_pod, coverage,
+                            lease, poll, ns));
+    if (fleet.back() == nullptr) return false;
+  }
+  auto started = Clock::now();
+  if (!coverage->AwaitCovered(Prefixes(fleet), pods * per_pod,
+                              std::chrono::milliseconds(120'000))) {
+    std::fprintf(stderr, "cold start of %d pods did not converge\n", pods);
+    return false;
+  }
+  auto done = Clock::now();
+  RedisStats after = ReadStats(address);
+  double from_lease = Ms(done - start) - absl::ToDoubleMilliseconds(lease);
+  std::printf(
+      "cold start       pods=%-3d nodes=%-4d owned after %7.0f ms (%6.0f ms "
+      "after the first lease; starting the pods took %.0f ms) polls/pod=%.1f "
+      "round trips=%lld load=%.1f\n",
+      pods, pods * per_pod, Ms(done - start), from_lease, Ms(started - start),
+      static_cast<double>(Polls(fleet)) / pods,
+      static_cast<long long>(after.round_trips - before.round_trips),
+      LoadAverage());
+  for (auto& p : fleet) p->manager->Stop();
+  return true;
 }
 
 int Main(bool quick) {
@@ -244,6 +343,12 @@ int Main(bool quick) {
   Report("crash failover", crash);
   a->manager->Stop();
 
+  for (int pods :
+       quick ? std::vector<int>{10} : std::vector<int>{10, 50, 100}) {
+    if (!ColdStart(address, pods, &coverage, lease, poll)) return 1;
+  }
+  coverage.Reset();
+
   // Steady state: 100 pods x 10 nodes on one redis-server.
   const int pods = quick ? 10 : 100, per_pod = 10;
   std::vector<std::unique_ptr<Pod>> fleet;
@@ -264,20 +369,67 @@ int Main(bool quick) {
               pods * per_pod, Ms(Clock::now() - start));
   const double window = quick ? 2.0 : 10.0;
   RedisStats before = ReadStats(address);
+  int64_t polls_before = Polls(fleet);
   auto t0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(window));
   RedisStats after = ReadStats(address);
+  int64_t polls_after = Polls(fleet);
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  // One INFO of ours falls in the window; leave it out.
-  double rts = (after.round_trips - before.round_trips - 1) / seconds;
+  double rts = (after.round_trips - before.round_trips) / seconds;
   double cps = (after.commands - before.commands - 1) / seconds;
   std::printf(
       "steady cost      pods=%d nodes=%d round trips/s=%.1f per pod=%.2f "
-      "per node=%.3f (commands incl. inside scripts: %.0f/s) redis "
-      "cpu=%.1f%%\n",
-      pods, pods * per_pod, rts, rts / pods, rts / (pods * per_pod), cps,
+      "per node=%.3f polls/s per pod=%.2f (commands incl. inside scripts: "
+      "%.0f/s) redis cpu=%.1f%%\n",
+      pods, pods * per_pod, rts, rts / pods, rts / (pods * per_pod),
+      (polls_after - polls_before) / seconds / pods, cps,
       100.0 * (after.cpu - before.cpu) / seconds);
-  for (auto& p : fleet) p->manager->Stop();
+
+  // Rolling restart: one pod at a time stops gracefully and a new one
+  // takes its place.
+  std::vector<double> gaps, steps;
+  auto roll_start = Clock::now();
+  for (int i = 0; i < (quick ? 3 : pods); ++i) {
+    auto step_start = Clock::now();
+    coverage.TakeMaxGap();
+    fleet[i]->manager->Stop();
+    fleet[i] =
+        MakePod(address, absl::StrCat("r", i), per_pod, &coverage, lease, poll);
+    if (fleet[i] == nullptr ||
+        !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
+                               std::chrono::milliseconds(20'000))) {
+      std::fprintf(stderr, "rolling restart step %d did not converge\n", i);
+      return 1;
+    }
+    steps.push_back(Ms(Clock::now() - step_start));
+    gaps.push_back(Ms(coverage.TakeMaxGap()));
+  }
+  std::printf("rolling restart  pods=%d took %.0f ms load=%.1f\n",
+              static_cast<int>(steps.size()), Ms(Clock::now() - roll_start),
+              LoadAverage());
+  Report("  step", steps);
+  Report("  unowned", gaps);
+
+  // A fifth of the pods die at once (their registry calls stop).
+  const int dead = pods / 5;
+  auto kill_start = Clock::now();
+  for (int i = 0; i < dead; ++i) fleet[i]->faulty->SetDown(true);
+  std::vector<std::unique_ptr<Pod>> alive;
+  for (int i = dead; i < pods; ++i) alive.push_back(std::move(fleet[i]));
+  if (!coverage.AwaitCovered(Prefixes(alive), (pods - dead) * per_pod,
+                             std::chrono::milliseconds(60'000))) {
+    std::fprintf(stderr, "after killing %d pods the ring was not owned\n",
+                 dead);
+    return 1;
+  }
+  std::printf(
+      "mass failure     %d of %d pods died at once; every shard owned again "
+      "after %.0f ms (lease %.0f ms + poll %.0f ms) load=%.1f\n",
+      dead, pods, Ms(Clock::now() - kill_start),
+      absl::ToDoubleMilliseconds(lease), absl::ToDoubleMilliseconds(poll),
+      LoadAverage());
+  for (int i = 0; i < dead; ++i) fleet[i]->manager->Stop();
+  for (auto& p : alive) p->manager->Stop();
   return 0;
 }
 
