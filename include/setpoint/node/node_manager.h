@@ -35,7 +35,8 @@
 // Thread safety: Start and Stop belong to the owner thread (Stop may be
 // called from a signal-watching thread); Nodes() and stats() from any
 // thread. Threads: "sp-registry" (the protocol), per node "sp-node" (Run)
-// and "sp-relay" (UpdateShardRange, in order).
+// and "sp-relay" (UpdateShardRange, in order, and the node's own fence
+// deadline).
 #ifndef SETPOINT_NODE_NODE_MANAGER_H_
 #define SETPOINT_NODE_NODE_MANAGER_H_
 
