@@ -625,13 +625,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
+  // Errors are returned, not logged (the manager logs them, rate-limited).
   absl::StatusOr<RedisReply> reply = d.Eval(ctx, d.poll, keys, args, "poll");
-  if (!reply.ok()) {
-    if (absl::IsDataLoss(reply.status())) {
-      d.WarnLimited(std::string(reply.status().message()));
-    }
-    return reply.status();
-  }
+  if (!reply.ok()) return reply.status();
   absl::StatusOr<redis::DecodedPoll> decoded =
       redis::DecodePollReply(*reply, kinds);
   if (!decoded.ok()) return decoded.status();
@@ -681,12 +677,7 @@ absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
              {node_id, absl::StrCat(target.begin), absl::StrCat(target.end),
               d.channel, epoch, d.instance},
              what);
-  if (!reply.ok()) {
-    if (absl::IsDataLoss(reply.status())) {
-      d.WarnLimited(std::string(reply.status().message()));
-    }
-    return reply.status();
-  }
+  if (!reply.ok()) return reply.status();
   absl::StatusOr<uint64_t> token = redis::ParseToken(reply->str);
   if (!token.ok()) {
     return absl::InternalError(
