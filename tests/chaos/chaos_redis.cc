@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "integration/redis_server.h"
 
 namespace setpoint::chaos {
 namespace {
@@ -161,30 +162,6 @@ absl::StatusOr<std::string> RedisCommand(int port,
   }
 }
 
-std::string FindRedisServerBinary() {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
-    std::string path = std::string(dir) + "/redis-server";
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
-
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 ChaosRedis::ChaosRedis(std::string dir) : dir_(std::move(dir)) {}
 
 ChaosRedis::~ChaosRedis() { Kill(); }
@@ -196,11 +173,11 @@ absl::StatusOr<std::string> ChaosRedis::Command(
 
 absl::Status ChaosRedis::Start() {
   if (pid_ > 0) return absl::OkStatus();
-  std::string binary = FindRedisServerBinary();
+  std::string binary = testing::FindRedisServer();
   if (binary.empty()) {
     return absl::NotFoundError("redis-server is not installed");
   }
-  if (port_ == 0) port_ = FreeLoopbackPort();
+  if (port_ == 0) port_ = testing::FreeLoopbackPort();
   if (port_ == 0) return absl::InternalError("no free loopback port");
   std::string conf = dir_ + "/redis.conf";
   {

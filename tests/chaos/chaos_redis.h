@@ -44,12 +44,6 @@ absl::StatusOr<std::string> RedisCommand(int port,
                                          const std::vector<std::string>& args,
                                          absl::Duration timeout);
 
-// The redis-server binary, or "" when it is not installed.
-std::string FindRedisServerBinary();
-
-// A loopback port nobody listens on right now (0 if none found).
-int FreeLoopbackPort();
-
 class ChaosRedis {
  public:
   // `dir` must exist; the server's files (conf, log, dump.rdb) go there.

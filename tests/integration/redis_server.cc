@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace setpoint::testing {
-namespace {
 
 std::string FindRedisServer() {
   for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
@@ -27,9 +26,8 @@ std::string FindRedisServer() {
   return "";
 }
 
-// A loopback port nobody listens on right now.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -43,6 +41,8 @@ int FreePort() {
   close(fd);
   return port;
 }
+
+namespace {
 
 // True once the socket accepts a connection and answers PING (or asks for
 // AUTH).
@@ -135,7 +135,7 @@ absl::Status RedisServer::Start() {
     return absl::NotFoundError("redis-server is not installed");
   }
   if (dir_.empty()) return absl::InternalError("no temporary directory");
-  if (options_.tcp && port_ == 0) port_ = FreePort();
+  if (options_.tcp && port_ == 0) port_ = FreeLoopbackPort();
   std::string conf = dir_ + "/redis.conf";
   {
     std::ofstream out(conf);

@@ -77,6 +77,12 @@ class RedisServer {
 // then a failure, not a skip.
 bool RedisRequired();
 
+// The redis-server binary, or "" when it is not installed.
+std::string FindRedisServer();
+
+// A loopback port nobody listens on right now (0 if none found).
+int FreeLoopbackPort();
+
 }  // namespace setpoint::testing
 
 // In a test: start `server` or skip (locally) / fail (CI) when the binary is
