@@ -224,11 +224,7 @@ absl::Status ChaosRedis::Start() {
 }
 
 void ChaosRedis::Kill() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGCONT);
-  kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
+  testing::KillAndReap(pid_);
   pid_ = -1;
 }
 

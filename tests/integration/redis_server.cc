@@ -44,24 +44,31 @@ int FreeLoopbackPort() {
 
 namespace {
 
-// True once the socket accepts a connection and answers PING (or asks for
-// AUTH).
-bool Answers(const std::string& socket_path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+// Sends one inline command over the unix socket and returns the start of
+// the reply ("" when nothing answered).
+std::string InlineCommand(const std::string& socket_path,
+                          const std::string& command) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
-  bool ok = false;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const char ping[] = "PING\r\n";
+  std::string reply;
+  std::string line = command + "\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      write(fd, line.data(), line.size()) ==
+          static_cast<ssize_t>(line.size())) {
     char buf[16] = {};
-    ok = write(fd, ping, sizeof(ping) - 1) == sizeof(ping) - 1 &&
-         read(fd, buf, sizeof(buf) - 1) > 0 &&
-         (std::strncmp(buf, "+PONG", 5) == 0 ||
-          std::strncmp(buf, "-NOAUTH", 7) == 0);
+    if (read(fd, buf, sizeof(buf) - 1) > 0) reply = buf;
   }
   close(fd);
-  return ok;
+  return reply;
+}
+
+// True once the socket accepts a connection and answers PING (or asks for
+// AUTH).
+bool Answers(const std::string& socket_path) {
+  std::string reply = InlineCommand(socket_path, "PING");
+  return reply.rfind("+PONG", 0) == 0 || reply.rfind("-NOAUTH", 0) == 0;
 }
 
 }  // namespace
@@ -93,18 +100,7 @@ absl::Status RedisServer::Restart() {
 }
 
 absl::Status RedisServer::SaveSnapshot(const std::string& name) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-  bool ok = false;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const char save[] = "SAVE\r\n";
-    char buf[16] = {};
-    ok = write(fd, save, sizeof(save) - 1) == sizeof(save) - 1 &&
-         read(fd, buf, sizeof(buf) - 1) > 0 && std::strncmp(buf, "+OK", 3) == 0;
-  }
-  close(fd);
+  bool ok = InlineCommand(socket_, "SAVE").rfind("+OK", 0) == 0;
   if (!ok) return absl::InternalError("redis SAVE failed");
   std::error_code ec;
   std::filesystem::copy_file(dir_ + "/dump.rdb", dir_ + "/" + name,
@@ -180,12 +176,16 @@ absl::Status RedisServer::Start() {
   return absl::OkStatus();
 }
 
-void RedisServer::Stop() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGCONT);
-  kill(pid_, SIGKILL);
+void KillAndReap(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGCONT);  // A paused process must not keep its signal pending.
+  kill(pid, SIGKILL);
   int status = 0;
-  waitpid(pid_, &status, 0);
+  waitpid(pid, &status, 0);
+}
+
+void RedisServer::Stop() {
+  KillAndReap(pid_);
   pid_ = -1;
 }
 

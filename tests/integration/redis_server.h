@@ -83,6 +83,9 @@ std::string FindRedisServer();
 // A loopback port nobody listens on right now (0 if none found).
 int FreeLoopbackPort();
 
+// SIGKILLs `pid` (continuing it first if it was stopped) and waits for it.
+void KillAndReap(pid_t pid);
+
 }  // namespace setpoint::testing
 
 // In a test: start `server` or skip (locally) / fail (CI) when the binary is
