@@ -32,7 +32,8 @@ absl::Status Context::Wait(absl::Duration timeout) const {
 
 CancelScope::CancelScope(const Context& parent)
     : context_(Context(source_.get_token(), parent.clock())
-                   .WithDeadline(parent.deadline())) {
+                   .WithDeadline(parent.deadline())
+                   .WithValuesOf(parent)) {
   link_.emplace(parent.stop_token(), Forward{&source_});
 }
 

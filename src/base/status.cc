@@ -37,7 +37,23 @@ bool IsTerminalError(const absl::Status& status) {
 
 namespace {
 constexpr absl::string_view kRetryAfterUrl = "type.setpoint.dev/retry-after";
+constexpr absl::string_view kStaleOwnerUrl = "type.setpoint.dev/stale-owner";
 }  // namespace
+
+absl::Status StaleOwnerError(std::string_view message) {
+  return AsStaleOwner(absl::FailedPreconditionError(
+      absl::string_view(message.data(), message.size())));
+}
+
+absl::Status AsStaleOwner(absl::Status status) {
+  if (status.ok()) return status;
+  status.SetPayload(kStaleOwnerUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsStaleOwner(const absl::Status& status) {
+  return status.GetPayload(kStaleOwnerUrl).has_value();
+}
 
 absl::Status WithRetryAfter(absl::Status status, absl::Duration delay) {
   if (status.ok() || delay < absl::ZeroDuration()) return status;

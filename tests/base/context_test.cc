@@ -116,5 +116,40 @@ TEST(CancelScope, ParentAlreadyCancelled) {
   EXPECT_TRUE(scope.context().Cancelled());
 }
 
+struct Owner {
+  int token;
+};
+struct Other {
+  int n;
+};
+
+TEST(ContextValues, ChildrenCarryThemAndCanReplaceThem) {
+  Context base;
+  EXPECT_EQ(base.Value<Owner>(), nullptr);
+  Context a = base.WithValue(std::make_shared<const Owner>(Owner{1}));
+  Context b = a.WithValue(std::make_shared<const Other>(Other{7}))
+                  .WithTimeout(absl::Seconds(1));
+  ASSERT_NE(b.Value<Owner>(), nullptr);
+  EXPECT_EQ(b.Value<Owner>()->token, 1);
+  EXPECT_EQ(b.Value<Other>()->n, 7);
+  Context c = b.WithValue(std::make_shared<const Owner>(Owner{2}));
+  EXPECT_EQ(c.Value<Owner>()->token, 2);
+  EXPECT_EQ(b.Value<Owner>()->token, 1);  // The parent is unchanged.
+  EXPECT_EQ(c.WithValue<Owner>(nullptr).Value<Owner>(), nullptr);
+  EXPECT_EQ(base.Value<Owner>(), nullptr);
+}
+
+TEST(ContextValues, WithValuesOfKeepsCancellationAndTakesValues) {
+  std::stop_source stop;
+  Context mine(stop.get_token());
+  Context theirs = Context().WithValue(std::make_shared<const Owner>(Owner{5}));
+  Context both = mine.WithValuesOf(theirs);
+  EXPECT_EQ(both.Value<Owner>()->token, 5);
+  stop.request_stop();
+  EXPECT_TRUE(both.Cancelled());
+  CancelScope scope(both);
+  EXPECT_EQ(scope.context().Value<Owner>()->token, 5);
+}
+
 }  // namespace
 }  // namespace setpoint

@@ -70,6 +70,17 @@ TEST(IsTerminalError, ClassifiesCodes) {
   EXPECT_FALSE(IsTerminalError(absl::OkStatus()));
 }
 
+TEST(StaleOwner, MarkSurvivesAnnotateAndIsNotARetryHint) {
+  absl::Status s = StaleOwnerError("token 3 < 5 for shard 9");
+  EXPECT_TRUE(IsStaleOwner(s));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsStaleOwner(Annotate(s, "update r1")));
+  EXPECT_FALSE(IsStaleOwner(absl::FailedPreconditionError("x")));
+  EXPECT_TRUE(IsStaleOwner(AsStaleOwner(absl::AbortedError("x"))));
+  EXPECT_TRUE(AsStaleOwner(absl::OkStatus()).ok());
+  EXPECT_FALSE(RetryAfterHint(s).has_value());
+}
+
 TEST(StatusMatchers, DescribeMismatch) {
   EXPECT_THAT(absl::NotFoundError("no such key"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("key")));

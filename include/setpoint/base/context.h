@@ -12,12 +12,21 @@
 // token (and so are cancelled with it) and can only shorten the deadline. To
 // cancel a subtree on its own, use CancelScope.
 //
+// A context can also carry values, one per type, for the code it reaches
+// (a controller puts the shard assignment a call runs under there):
+//
+//   Context call = ctx.WithValue(std::make_shared<const Owner>(owner));
+//   if (const Owner* o = call.Value<Owner>()) Send(o->token);
+//
 // Thread safety: a const Context may be used from many threads at once.
 #ifndef SETPOINT_BASE_CONTEXT_H_
 #define SETPOINT_BASE_CONTEXT_H_
 
+#include <memory>
 #include <optional>
 #include <stop_token>
+#include <typeinfo>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -63,10 +72,43 @@ class Context {
   const std::stop_token& stop_token() const { return stop_; }
   Clock* clock() const { return clock_; }
 
+  // A child carrying `value` as its value of type T (replacing one
+  // inherited from this context). A null `value` removes it.
+  template <class T>
+  Context WithValue(std::shared_ptr<const T> value) const {
+    Context child = *this;
+    child.values_ = std::make_shared<const ValueNode>(
+        ValueNode{&typeid(T), std::move(value), values_});
+    return child;
+  }
+  // This context's value of type T, or nullptr. Valid while the context
+  // (or a copy) lives.
+  template <class T>
+  const T* Value() const {
+    for (const ValueNode* n = values_.get(); n != nullptr; n = n->next.get()) {
+      if (*n->type == typeid(T)) return static_cast<const T*>(n->value.get());
+    }
+    return nullptr;
+  }
+  // This context (its cancellation and deadline) carrying the values of
+  // `other` instead of its own.
+  Context WithValuesOf(const Context& other) const {
+    Context child = *this;
+    child.values_ = other.values_;
+    return child;
+  }
+
  private:
+  struct ValueNode {
+    const std::type_info* type;
+    std::shared_ptr<const void> value;
+    std::shared_ptr<const ValueNode> next;
+  };
+
   std::stop_token stop_;
   Clock* clock_ = Clock::Real();
   absl::Time deadline_ = absl::InfiniteFuture();
+  std::shared_ptr<const ValueNode> values_;
 };
 
 // Owns a stop source linked to a parent context: Cancel() cancels

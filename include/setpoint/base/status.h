@@ -42,6 +42,16 @@ absl::Status WithRetryAfter(absl::Status status, absl::Duration delay);
 // the payload was written by someone else and does not parse).
 std::optional<absl::Duration> RetryAfterHint(const absl::Status& status);
 
+// A write refused because the writer's fencing token is older than one the
+// system has already seen for that shard: the writer no longer owns it. The
+// code is kFailedPrecondition; the mark survives Annotate. Syncers and
+// reconcile loops count it and do not retry under the same assignment.
+absl::Status StaleOwnerError(std::string_view message);
+// Marks an existing error as a stale-owner refusal (OK stays OK).
+absl::Status AsStaleOwner(absl::Status status);
+// True for statuses made by StaleOwnerError or AsStaleOwner.
+bool IsStaleOwner(const absl::Status& status);
+
 namespace internal {
 inline absl::Status AsStatus(absl::Status s) { return s; }
 template <typename T>
