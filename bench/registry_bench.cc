@@ -131,8 +131,10 @@ class BenchNode : public Node {
     (void)ctx.Wait(absl::InfiniteDuration());
     return absl::OkStatus();
   }
-  void UpdateShardRange(const Context&, const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&,
+                                const ShardAssignment& a) override {
     coverage_->Set(id_, a.range);
+    return absl::OkStatus();
   }
 
  private:

@@ -89,8 +89,8 @@ class JobsNode : public setpoint::Node {
     return absl::OkStatus();
   }
 
-  void UpdateShardRange(const setpoint::Context&,
-                        const setpoint::ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const setpoint::Context&,
+                                const setpoint::ShardAssignment& a) override {
     std::promise<void> done;
     uint32_t ring = info_.ring_size;
     absl::Status posted = runner_.Post(
@@ -105,6 +105,7 @@ class JobsNode : public setpoint::Node {
         "update shard range");
     // Returning means: no work outside the new range any more.
     if (posted.ok()) done.get_future().wait();
+    return absl::OkStatus();
   }
 
  private:

@@ -42,6 +42,8 @@ struct NodeManager::Slot {
   bool lease_fenced = false;
   // The relay is inside UpdateShardRange with queue.front().
   bool in_call = false;
+  // The node refused its last update: the relay waits until then.
+  absl::Time retry_at = absl::InfinitePast();
   bool running = false;
   int restarts = 0;
   std::jthread relay;
@@ -316,8 +318,12 @@ bool NodeManager::Idle() const {
   if (!waiting_ || wake_ || nudge_arrived_ || clock_->Now() >= wait_until_) {
     return false;
   }
+  const absl::Time now = clock_->Now();
   for (const auto& slot : slots_) {
-    if (!slot->queue.empty()) return false;
+    // A relay waiting out a refusal's pause waits for the clock too.
+    if (!slot->queue.empty() && (slot->in_call || now >= slot->retry_at)) {
+      return false;
+    }
   }
   return true;
 }
@@ -473,6 +479,11 @@ void NodeManager::Tick() {
       for (auto& slot : slots_) {
         if (slot->lease_fenced && !Working(*slot) && slot->queue.empty()) {
           slot->lease_fenced = false;  // Stopped in time; may re-join.
+        } else if (slot->lease_fenced && slot->queue.empty()) {
+          // The node refused the empty range: ask again (the relay waits
+          // out its pause first).
+          slot->queue.push_back(ShardAssignment{});
+          cv_.SignalAll();
         }
         fencing = fencing || slot->lease_fenced;
       }
@@ -671,8 +682,15 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       // so it stops on time whatever the protocol thread is blocked on.
       while (true) {
         if (stop.stop_requested()) return;
+        absl::Time now = clock_->Now();
+        if (now < slot.retry_at) {
+          // The node refused its last update: ask again after a pause.
+          clock_->AwaitWithDeadline(&mu_, &cv_, slot.retry_at, stop,
+                                    [] { return false; });
+          continue;
+        }
         if (Working(slot) && renewed_at_ != absl::InfinitePast() &&
-            clock_->Now() >= FenceDeadline()) {
+            now >= FenceDeadline()) {
           Fence(slot, "lease not renewed in time");
         }
         if (!slot.queue.empty()) break;
@@ -687,8 +705,9 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       slot.in_call = true;
     }
     bool threw = false;
+    absl::Status status;
     try {
-      slot.node->UpdateShardRange(ctx, next);
+      status = slot.node->UpdateShardRange(ctx, next);
     } catch (const std::exception& e) {
       threw = true;
       SPDLOG_LOGGER_ERROR(logger_,
@@ -704,6 +723,21 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
     MutexLock l(&mu_);
     slot.in_call = false;
     slot.queue.pop_front();
+    if (!threw && !status.ok()) {
+      // Work outside `next` may still run: the node keeps what it had
+      // (or, for a grow, what it was given), so its record stays, nobody
+      // else is granted those shards, and the change is asked for again.
+      if (next.range.Covers(slot.active.range)) slot.active = next;
+      ++stats_.update_failures;
+      slot.retry_at = clock_->Now() + options_.poll_interval / 4;
+      SPDLOG_LOGGER_WARN(logger_,
+                         "node refused its new range, keeping its shards "
+                         "node={} range={} still_working_on={}: {}",
+                         slot.info.id, next.range, slot.active.range, status);
+      wake_ = true;
+      cv_.SignalAll();
+      continue;
+    }
     slot.active = next;
     ++stats_.updates_delivered;
     SPDLOG_LOGGER_DEBUG(logger_,
@@ -791,9 +825,10 @@ void NodeManager::GracefulLeave() {
                               });
     for (auto& slot : slots_) {
       if (!slot->registered) continue;
-      if (!slot->queue.empty()) {
-        // Still inside UpdateShardRange: leaving now could let another node
-        // start while this one works. Its lease will expire instead.
+      if (!slot->queue.empty() || !slot->active.range.Empty()) {
+        // Still inside UpdateShardRange, or it refused the empty range:
+        // leaving now could let another node start while this one works.
+        // Its lease will expire instead.
         SPDLOG_LOGGER_WARN(logger_,
                            "node did not return from UpdateShardRange in "
                            "time, leaving by lease expiry node={}",

@@ -64,11 +64,12 @@ class LoggingNode : public setpoint::Node {
     (void)ctx.Wait(absl::InfiniteDuration());  // Cancelled at stop.
     return absl::OkStatus();
   }
-  void UpdateShardRange(const setpoint::Context&,
-                        const setpoint::ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const setpoint::Context&,
+                                const setpoint::ShardAssignment& a) override {
     Log(fd_, absl::StrCat("B ", id_, " ", a.range.begin, " ", a.range.end, " ",
                           a.token, " ", MonotonicNanos()));
     Log(fd_, absl::StrCat("E ", id_, " ", MonotonicNanos()));
+    return absl::OkStatus();
   }
 
  private:

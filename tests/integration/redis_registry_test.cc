@@ -451,7 +451,10 @@ class QuietNode : public Node {
     (void)ctx.Wait(absl::InfiniteDuration());
     return absl::OkStatus();
   }
-  void UpdateShardRange(const Context&, const ShardAssignment&) override {}
+  absl::Status UpdateShardRange(const Context&,
+                                const ShardAssignment&) override {
+    return absl::OkStatus();
+  }
 };
 
 class RedisNodeManagerTest : public ::testing::Test {
@@ -561,8 +564,10 @@ class FenceClock {
 class TimedNode : public QuietNode {
  public:
   TimedNode(int index, FenceClock* clock) : index_(index), clock_(clock) {}
-  void UpdateShardRange(const Context&, const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&,
+                                const ShardAssignment& a) override {
     if (a.range.Empty()) clock_->Emptied(index_);
+    return absl::OkStatus();
   }
 
  private:

@@ -107,11 +107,13 @@ class TestNode : public Node {
     cv.wait(l, ctx.stop_token(), [] { return false; });
     return absl::OkStatus();
   }
-  void UpdateShardRange(const Context&, const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&,
+                                const ShardAssignment& a) override {
     tracker_->Begin(id_, current_, a);
     ShardAssignment from = current_;
     current_ = a;
     tracker_->End(id_, from, a);
+    return absl::OkStatus();
   }
 
  private:
@@ -157,13 +159,35 @@ class GatedNode : public TestNode {
  public:
   GatedNode(std::string id, OwnershipTracker* tracker, Gate* gate)
       : TestNode(std::move(id), tracker, 0), gate_(gate) {}
-  void UpdateShardRange(const Context& ctx, const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context& ctx,
+                                const ShardAssignment& a) override {
     if (a.range.Empty()) gate_->Pass();
-    TestNode::UpdateShardRange(ctx, a);
+    return TestNode::UpdateShardRange(ctx, a);
   }
 
  private:
   Gate* gate_;
+};
+
+// A TestNode that refuses its first `refusals` shrinks (as a controller
+// does while a call outside the new range ignores its cancellation).
+class RefusingNode : public TestNode {
+ public:
+  RefusingNode(std::string id, OwnershipTracker* tracker,
+               std::atomic<int>* refusals)
+      : TestNode(std::move(id), tracker, 0), refusals_(refusals) {}
+  absl::Status UpdateShardRange(const Context& ctx,
+                                const ShardAssignment& a) override {
+    if (!a.range.Covers(held_.range) && refusals_->fetch_sub(1) > 0) {
+      return absl::DeadlineExceededError("a call ignored its cancellation");
+    }
+    held_ = a;
+    return TestNode::UpdateShardRange(ctx, a);
+  }
+
+ private:
+  std::atomic<int>* refusals_;
+  ShardAssignment held_;  // Relay thread only.
 };
 
 class NodeManagerTest : public ::testing::Test {
@@ -329,6 +353,23 @@ TEST_F(NodeManagerTest, UnreachableRegistryFencesBeforeOthersTakeOver) {
   // Back online: b re-registers and gets its share again.
   faulty.SetDown(false);
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+}
+
+TEST_F(NodeManagerTest, NodeThatRefusesItsShrinkKeepsItsShardsUntilItAccepts) {
+  std::atomic<int> refusals{3};
+  NodeManagerOptions options = Options("a", &registry_);
+  options.kinds[0].factory = [&](const NodeInfo& info) {
+    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals);
+  };
+  NodeManager& a = StartPodWith(std::move(options));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  NodeManager& b = StartPod("b");
+  // The tracker checks at every step that no shard b starts on is still
+  // worked on by a: the refused shrinks keep a's record, so b waits.
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  EXPECT_EQ(a.stats().update_failures, 3);
+  EXPECT_LE(refusals.load(), 0);
+  EXPECT_EQ(tracker_.OwnedBy("b/"), 32);
 }
 
 TEST_F(NodeManagerTest, FailedNodeLeavesTheRingAndRestarts) {

@@ -7,10 +7,14 @@
 //       runner_.Start(); ...; ctx.Wait(absl::InfiniteDuration()); ...
 //       return absl::OkStatus();
 //     }
-//     void UpdateShardRange(const Context& ctx,
-//                           const ShardAssignment& a) override {
+//     absl::Status UpdateShardRange(const Context& ctx,
+//                                   const ShardAssignment& a) override {
 //       // Re-scope the syncer and the sources on the runner, and wait.
+//       return absl::OkStatus();
 //     }
+//
+// Most controllers need not write this class: setpoint::Controller
+// (controller/controller.h) builds one from declared pieces.
 //   };
 //
 // Thread safety: Run runs on the node's own thread; UpdateShardRange is
@@ -49,9 +53,13 @@ class Node {
   // `assignment.token` (pass it to the systems you write to; it only grows
   // for a shard). Must return only once the node has stopped every piece of
   // work on shards outside the new range: another node may start on them as
-  // soon as this returns. Keep it short: the lease keeps running.
-  virtual void UpdateShardRange(const Context& ctx,
-                                const ShardAssignment& assignment) = 0;
+  // soon as this returns OK. Keep it short: the lease keeps running.
+  // Return an error when work outside the new range may still be running
+  // (a call that ignored its cancellation): the manager then keeps the
+  // shards recorded as this node's (nobody else is granted them), and asks
+  // again later. A throw is a failure of the node (it is restarted).
+  virtual absl::Status UpdateShardRange(const Context& ctx,
+                                        const ShardAssignment& assignment) = 0;
 };
 
 }  // namespace setpoint

@@ -30,7 +30,9 @@
 // is made for one lease.
 //
 // A node whose Run fails is given the empty range, deregistered (so others
-// take its shards), and restarted after a backoff.
+// take its shards), and restarted after a backoff. A node whose
+// UpdateShardRange returns an error keeps its shards recorded (nobody else
+// gets them) and is asked again after poll_interval / 4.
 //
 // Thread safety: Start and Stop belong to the owner thread (Stop may be
 // called from a signal-watching thread); Nodes() and stats() from any
@@ -150,7 +152,8 @@ struct NodeManagerStats {
   int64_t fences = 0;  // Nodes stopped: renewals failed, record differed.
   int64_t epoch_changes = 0;  // Times the registry's state was new.
   int64_t restarts = 0;
-  int64_t updates_delivered = 0;  // UpdateShardRange calls returned.
+  int64_t updates_delivered = 0;  // UpdateShardRange calls returned OK.
+  int64_t update_failures = 0;    // ...that returned an error (retried).
   int64_t nudges = 0;             // Change announcements received.
   int64_t nudges_deferred = 0;    // ...that had to wait for the rate limit.
 };
