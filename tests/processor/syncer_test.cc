@@ -526,6 +526,10 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   });
   EXPECT_EQ(syncer_->counters().ignored_out_of_range, 1);
 
+  // out/1's held call saw its context cancelled and returned; in/1's
+  // still waits at the gate.
+  EXPECT_THAT(syncer_->AwaitCallsWithin(InRange, Context()), IsOk());
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
   ASSERT_TRUE(AwaitCondition(
@@ -534,9 +538,9 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   EXPECT_EQ(fake_->stats().deletes, 0);
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{
-                {"in/1", 2}, {"in/2", 1}, {"out/1", 2}, {"out/2", 1}}));
+                {"in/1", 2}, {"in/2", 1}, {"out/1", 1}, {"out/2", 1}}));
   SyncerCounters c = syncer_->counters();
-  EXPECT_EQ(c.updates, 1);  // in/1 only: out/1's result was discarded.
+  EXPECT_EQ(c.updates, 1);  // in/1 only: out/1's call was cancelled.
 }
 
 TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
@@ -555,12 +559,14 @@ TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
   OnRunner([&] {
     syncer_->Reset(nullptr);
     source_->SetFilter(nullptr);
+    syncer_->SetDesired("out/1", 3);
   });
   ASSERT_TRUE(AwaitCondition([&] { return Status().in_sync; }));
-  SetDesired("out/1", 3);
-  SyncerStatus<std::string> s = Status();
-  EXPECT_EQ(s.in_flight, 1);
-  EXPECT_EQ(fake_->stats().calls, 1);
+  // The old call was cancelled when the key left; the new one starts only
+  // once its result is back (never two for the key at once).
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->stats().calls == 2; }));
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(fake_->stats().max_concurrent_per_key, 1);
 
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("out/1") == 3; }));
@@ -568,6 +574,7 @@ TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
   EXPECT_EQ(syncer_->counters().results_discarded, 1);
   EXPECT_EQ(fake_->stats().max_concurrent_per_key, 1);
   EXPECT_EQ(fake_->CallsFor("out/1", SyncOp::kUpdate), 2);
+  EXPECT_EQ(fake_->CallsFor("out/1"), 2);
 }
 
 // --- Shutdown

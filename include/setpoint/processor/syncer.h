@@ -32,16 +32,24 @@
 //   observed store, or the desired producer, is), no operation starts; on
 //   sync every key is diffed again.
 // - Reset(filter) forgets keys outside a new shard range without deleting
-//   them; results of their in-flight operations are discarded and logged.
+//   them, cancels the context of their calls in flight (a call handed over
+//   but not started never starts), and discards their results.
+//   AwaitCallsWithin(filter, ctx) then waits until none of them runs.
+// - Every call's context carries the values given to SetCallValues (a
+//   controller puts the shard assignment there). A call refused as a stale
+//   owner (IsStaleOwner) is counted and not retried until SetCallValues.
 // - A client that throws is caught: the operation failed with kInternal and
 //   is retried.
 //
 // Wiring for a shard-range change: syncer.Reset(filter) first, then each
-// source's SetFilter(filter), in the same runner event.
+// source's SetFilter(filter), in the same runner event; then, off the
+// runner, AwaitCallsWithin(filter, ctx). setpoint::Controller does all of
+// it.
 //
 // Thread safety: everything runs on the runner thread except Start(),
-// Stop() and counters(), which belong to the owner thread (counters() is
-// safe from any thread). The Client is called on the updater threads.
+// Stop() and RunQueuedCalls(), which belong to the owner thread, and
+// counters() and AwaitCallsWithin(), which are safe from any thread but
+// the runner's. The Client is called on the updater threads.
 // Destroy a syncer after its runner stopped or on the runner thread (never
 // on another thread while the runner runs): events it posted earlier and
 // the stores it observes then find it gone and do nothing.
@@ -93,8 +101,10 @@ const char* SyncOpName(SyncOp op);
 // What the Syncer calls to change the world. Called on updater threads, up
 // to max_in_flight calls at once, never two for the same key at once.
 // Return OK on success; an error code the Syncer classifies (terminal or
-// retried); WithRetryAfter(status, d) to ask for a later retry. `ctx` is
-// cancelled when the Syncer stops.
+// retried); WithRetryAfter(status, d) to ask for a later retry;
+// StaleOwnerError when the system refused the write's fencing token. `ctx`
+// is cancelled when the Syncer stops or the key leaves its range, and
+// carries the values given to SetCallValues.
 template <class K, class D, class O>
 class SyncerClient {
  public:
@@ -160,6 +170,10 @@ struct SyncerOptions {
   // Seeds the backoff jitter; 0 picks a random seed.
   // Default: 0.
   uint64_t seed = 0;
+  // No updater threads: calls run when the owner calls RunQueuedCalls(),
+  // on its thread (deterministic tests of a whole controller).
+  // Default: false.
+  bool manual_updates = false;
   // Default: Clock::Real(). Use the runner's clock.
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
@@ -177,6 +191,8 @@ struct SyncerCounters {
   int64_t results_discarded = 0;     // Results for keys forgotten by Reset.
   int64_t ignored_out_of_range = 0;  // Desired/observed keys outside filter.
   int64_t not_started_at_stop = 0;   // Handed to updaters, never started.
+  int64_t calls_cancelled = 0;       // Calls cancelled: the key left.
+  int64_t stale_refusals = 0;        // Calls refused as a stale owner.
 };
 
 // One key that is failing, for StatusSnapshot().
@@ -203,6 +219,7 @@ struct SyncerStatus {
   int64_t awaiting_observation = 0;  // Done, waiting to see it observed.
   int64_t failing = 0;               // Last operation failed (retrying).
   int64_t terminal = 0;              // Failed terminally; not retried.
+  int64_t stale = 0;  // Refused as a stale owner; waits for SetCallValues.
   std::vector<SyncerKeyFailure<K>> failures;  // At most max_failures.
 };
 
@@ -229,6 +246,9 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   // Observed state and its sync come from `store` (runner thread, before
   // the runner starts or on it).
   void ObserveFrom(Store<K, O>* store);
+  // Desired state and its sync come from `store`: the desired view is
+  // complete while it is in sync (runner thread, as ObserveFrom).
+  void DesireFrom(Store<K, D>* store);
 
   // DesiredSink (runner thread).
   void ReplaceDesired(absl::flat_hash_map<K, D> desired) override;
@@ -249,8 +269,21 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   void DeleteObserved(const K& key);
 
   // Re-scopes the syncer to `filter` (a new shard range): keys outside it
-  // are forgotten, never deleted. Runner thread.
+  // are forgotten, never deleted; their calls in flight are cancelled, and
+  // those handed over but not started never start. Runner thread.
   void Reset(KeyFilter<K> filter);
+  // Calls started from now on carry the values of `values` in their
+  // context (its cancellation and deadline are not used). Clears the
+  // stale-owner wait of every key. Runner thread.
+  void SetCallValues(const Context& values);
+  // Any thread but the runner's: blocks until no call for a key outside
+  // `filter` runs, or `ctx` ends; then returns kDeadlineExceeded (or
+  // kCancelled) naming how many still run. An empty filter selects all.
+  absl::Status AwaitCallsWithin(const KeyFilter<K>& filter,
+                                const Context& ctx) const;
+  // With manual_updates: runs every call handed over, on this thread, and
+  // posts the results to the runner. Returns how many ran.
+  int RunQueuedCalls();
 
   // Per-operation switches (runner thread).
   void EnableCreate(bool on) { SetSwitch(&options_.enable_create, on); }
@@ -290,6 +323,7 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     SyncOp expect_op = SyncOp::kNone;
     SyncOp in_flight = SyncOp::kNone;
     bool terminal = false;
+    bool stale = false;  // Refused as a stale owner: waits for new values.
     bool dirty = false;
     bool queued = false;
   };
@@ -305,6 +339,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     uint64_t desired_version;
     uint64_t observed_seq;
     uint32_t epoch;
+    std::stop_source stop;  // Cancels this call alone.
+    Context values;         // Carries the call's values.
   };
   struct Result {
     Slot* slot;
@@ -346,7 +382,14 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   void MaybeErase(Slot& slot);
 
   void UpdaterLoop(std::stop_token stop);
-  Result Execute(const Context& ctx, Work& work);
+  // Takes the next call to run and records it as running; a cancelled one
+  // becomes a not-started result instead (returns nullopt then).
+  std::optional<Work> TakeWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a finished (or never started) call's result; true when the
+  // runner must be asked to drain the results.
+  bool FinishWork(Result result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostDrain();
+  Result Execute(Work& work);
   void DrainResults();
   void ApplyResult(Result& r, absl::Time now);
 
@@ -374,6 +417,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   double tokens_ = 0;
   absl::Time tokens_at_ = absl::InfinitePast();
   std::mt19937_64 rng_;
+  Context call_values_;
+  bool stale_logged_ = false;  // Since the last SetCallValues.
 
   // Shared with the updater threads.
   mutable Mutex mu_;
@@ -383,13 +428,17 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   bool drain_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
-  std::stop_source cancel_;
+  // Calls running now, by entry (whose key is stable while in flight).
+  absl::flat_hash_map<const Slot*, std::stop_source> running_
+      ABSL_GUARDED_BY(mu_);
+  mutable CondVar call_done_;  // A running call ended.
   std::vector<std::jthread> threads_;
 
   struct AtomicCounters {
     std::atomic<int64_t> creates{0}, updates{0}, deletes{0}, failures{0},
         terminal_failures{0}, client_threw{0}, results_discarded{0},
-        ignored_out_of_range{0}, not_started_at_stop{0};
+        ignored_out_of_range{0}, not_started_at_stop{0}, calls_cancelled{0},
+        stale_refusals{0};
   };
   AtomicCounters counters_;
 
@@ -505,8 +554,9 @@ absl::Status Syncer<K, D, O>::Start() {
     }
     started_ = true;
   }
-  int threads =
-      o.updater_threads > 0 ? o.updater_threads : std::min(o.max_in_flight, 64);
+  int threads = o.manual_updates        ? 0
+                : o.updater_threads > 0 ? o.updater_threads
+                                        : std::min(o.max_in_flight, 64);
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([this](std::stop_token stop) {
       pthread_setname_np(pthread_self(), "sp-updater");
@@ -527,9 +577,9 @@ void Syncer<K, D, O>::Stop() {
     if (stopping_) return;
     stopping_ = true;
     not_started.swap(work_);
+    for (auto& [slot, stop] : running_) stop.request_stop();
     cv_.SignalAll();
   }
-  cancel_.request_stop();
   for (auto& t : threads_) t.request_stop();
   {
     MutexLock l(&mu_);
@@ -606,6 +656,23 @@ void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
         }
       });
   DependOn(store);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::DesireFrom(Store<K, D>* store) {
+  store->Subscribe(
+      [this, alive = std::weak_ptr<int>(alive_)](const Change<K, D>& c) {
+        if (alive.expired()) return;
+        if (c.kind == ChangeKind::kSet) {
+          SetDesired(c.key, *c.new_value);
+        } else {
+          // A delete, or the key left the store's filter (Reset forgot it
+          // here already): no longer desired.
+          DeleteDesired(c.key);
+        }
+      });
+  DependOn(store);
+  SetSelfSynced(true);
 }
 
 template <class K, class D, class O>
@@ -781,11 +848,88 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
     it = next;
   }
   for (Slot& slot : entries_) MarkDirty(slot);
+  int64_t cancelled = 0;
+  {
+    // Calls for keys that left stop: running ones see their context
+    // cancelled, handed-over ones never start.
+    MutexLock l(&mu_);
+    for (auto& [slot, stop] : running_) {
+      if (!Selected(slot->first) && stop.request_stop()) ++cancelled;
+    }
+    for (Work& w : work_) {
+      if (!Selected(w.key) && w.stop.request_stop()) ++cancelled;
+    }
+  }
+  counters_.calls_cancelled.fetch_add(cancelled, std::memory_order_relaxed);
   SPDLOG_LOGGER_INFO(logger_,
                      "syncer reset to a new filter syncer={} forgotten={} "
-                     "in_flight_forgotten={} kept={}",
-                     name(), forgotten, in_flight,
+                     "in_flight_forgotten={} calls_cancelled={} kept={}",
+                     name(), forgotten, in_flight, cancelled,
                      static_cast<int64_t>(entries_.size()) - in_flight);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::SetCallValues(const Context& values) {
+  call_values_ = Context().WithValuesOf(values);
+  stale_logged_ = false;
+  for (Slot& slot : entries_) {
+    if (slot.second.stale) {
+      slot.second.stale = false;
+      MarkDirty(slot);
+    }
+  }
+}
+
+template <class K, class D, class O>
+absl::Status Syncer<K, D, O>::AwaitCallsWithin(const KeyFilter<K>& filter,
+                                               const Context& ctx) const {
+  auto outside = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t n = 0;
+    if (!filter) return n;
+    for (const auto& [slot, stop] : running_) {
+      if (!filter(slot->first)) ++n;
+    }
+    return n;
+  };
+  MutexLock l(&mu_);
+  if (ctx.clock()->AwaitWithDeadline(
+          &mu_, &call_done_, ctx.deadline(), ctx.stop_token(),
+          [&]()
+              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outside() == 0; })) {
+    return absl::OkStatus();
+  }
+  int64_t left = outside();
+  std::string msg =
+      absl::StrCat("syncer ", name(), ": ", left,
+                   " call(s) for keys outside the range still running");
+  return ctx.Cancelled() ? absl::CancelledError(msg)
+                         : absl::DeadlineExceededError(msg);
+}
+
+template <class K, class D, class O>
+int Syncer<K, D, O>::RunQueuedCalls() {
+  int ran = 0;
+  while (true) {
+    std::optional<Work> work;
+    bool post = false;
+    {
+      MutexLock l(&mu_);
+      if (stopping_ || work_.empty()) break;
+      work = TakeWork();
+      if (!work.has_value()) {
+        post = !results_.empty() && !drain_posted_;
+        if (post) drain_posted_ = true;
+      }
+    }
+    if (work.has_value()) {
+      ++ran;
+      Result r = Execute(*work);
+      MutexLock l(&mu_);
+      post = FinishWork(std::move(r));
+    }
+    if (post) PostDrain();
+  }
+  return ran;
 }
 
 template <class K, class D, class O>
@@ -880,6 +1024,7 @@ void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
     }
     return;
   }
+  if (e.stale) return;  // Waits for the next SetCallValues.
   if (e.terminal) {
     if (e.terminal_version == e.desired_version &&
         e.terminal_observed_seq == e.observed_seq) {
@@ -985,7 +1130,8 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     e.pending_since = absl::InfiniteFuture();
     ++in_flight_;
     batch.push_back(Work{slot, slot->first, op, e.desired, e.observed,
-                         e.desired_version, e.observed_seq, e.epoch});
+                         e.desired_version, e.observed_seq, e.epoch,
+                         std::stop_source(), call_values_});
   }
   if (batch.empty()) return;
   {
@@ -1030,15 +1176,13 @@ void Syncer<K, D, O>::MaybeErase(Slot& slot) {
 }
 
 template <class K, class D, class O>
-typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(const Context& ctx,
-                                                          Work& w) {
+typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(Work& w) {
   Result r{w.slot, std::move(w.key),  w.op,           absl::OkStatus(), false,
            true,   w.desired_version, w.observed_seq, w.epoch};
-  std::optional<Context> timed;
+  Context op_ctx = Context(w.stop.get_token(), clock_).WithValuesOf(w.values);
   if (options_.operation_timeout > absl::ZeroDuration()) {
-    timed.emplace(ctx.WithTimeout(options_.operation_timeout));
+    op_ctx = op_ctx.WithTimeout(options_.operation_timeout);
   }
-  const Context& op_ctx = timed.has_value() ? *timed : ctx;
   try {
     switch (w.op) {
       case SyncOp::kCreate:
@@ -1066,8 +1210,48 @@ typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(const Context& ctx,
 }
 
 template <class K, class D, class O>
+std::optional<typename Syncer<K, D, O>::Work> Syncer<K, D, O>::TakeWork() {
+  Work w = std::move(work_.front());
+  work_.pop_front();
+  if (w.stop.stop_requested()) {
+    // Its key left the range before the call started: it never starts.
+    results_.push_back(Result{w.slot, std::move(w.key), w.op,
+                              absl::CancelledError("key left the range"), false,
+                              false, w.desired_version, w.observed_seq,
+                              w.epoch});
+    return std::nullopt;
+  }
+  running_.emplace(w.slot, w.stop);
+  return w;
+}
+
+template <class K, class D, class O>
+bool Syncer<K, D, O>::FinishWork(Result result) {
+  running_.erase(result.slot);
+  call_done_.SignalAll();
+  results_.push_back(std::move(result));
+  if (drain_posted_) return false;
+  drain_posted_ = true;
+  return true;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::PostDrain() {
+  absl::Status posted = runner_->Post(
+      [this, alive = std::weak_ptr<int>(alive_)] {
+        if (!alive.expired()) DrainResults();
+      },
+      "syncer results");
+  if (!posted.ok()) {
+    SPDLOG_LOGGER_WARN(logger_,
+                       "syncer results not delivered, runner stopped "
+                       "syncer={}: {}",
+                       name(), posted);
+  }
+}
+
+template <class K, class D, class O>
 void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
-  const Context ctx(cancel_.get_token(), clock_);
   std::optional<Result> done;
   while (true) {
     std::optional<Work> work;
@@ -1075,12 +1259,8 @@ void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
     {
       MutexLock l(&mu_);
       if (done.has_value()) {
-        results_.push_back(std::move(*done));
+        post = FinishWork(std::move(*done));
         done.reset();
-        if (!drain_posted_) {
-          drain_posted_ = true;
-          post = true;
-        }
       }
       if (!post) {
         cv_.Wait(&mu_, stop, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1088,26 +1268,17 @@ void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
         });
       }
       if (!work_.empty() && !stopping_) {
-        work.emplace(std::move(work_.front()));
-        work_.pop_front();
+        work = TakeWork();
+        if (!work.has_value() && !drain_posted_) {
+          drain_posted_ = true;
+          post = true;
+        }
       } else if (!post) {
         return;  // Stopping (or stop requested) with nothing to report.
       }
     }
-    if (post) {
-      absl::Status posted = runner_->Post(
-          [this, alive = std::weak_ptr<int>(alive_)] {
-            if (!alive.expired()) DrainResults();
-          },
-          "syncer results");
-      if (!posted.ok()) {
-        SPDLOG_LOGGER_WARN(logger_,
-                           "syncer results not delivered, runner stopped "
-                           "syncer={}: {}",
-                           name(), posted);
-      }
-    }
-    if (work.has_value()) done = Execute(ctx, *work);
+    if (post) PostDrain();
+    if (work.has_value()) done = Execute(*work);
   }
 }
 
@@ -1157,7 +1328,22 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     e.last_error = r.status;
     return;
   }
-  if (r.status.ok()) {
+  if (IsStaleOwner(r.status)) {
+    // The system saw a newer owner's token: not ours to retry under this
+    // assignment; a new one (SetCallValues) lets the key try again.
+    counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
+    e.stale = true;
+    e.last_error = r.status;
+    ++e.failures;
+    if (!stale_logged_) {
+      stale_logged_ = true;
+      SPDLOG_LOGGER_WARN(logger_,
+                         "syncer {} refused as a stale owner, not retried "
+                         "under this assignment syncer={} key={}: {}",
+                         SyncOpName(r.op), name(), internal::KeyForLog(r.key),
+                         r.status);
+    }
+  } else if (r.status.ok()) {
     switch (r.op) {
       case SyncOp::kCreate:
         counters_.creates.fetch_add(1, std::memory_order_relaxed);
@@ -1236,6 +1422,8 @@ SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
       ++s.terminal;
     } else if (Compute(e) == SyncOp::kNone) {
       ++s.converged;
+    } else if (e.stale) {
+      ++s.stale;
     } else if (e.failures > 0) {
       ++s.failing;
     } else {
@@ -1282,6 +1470,8 @@ SyncerCounters Syncer<K, D, O>::counters() const {
       .results_discarded = get(counters_.results_discarded),
       .ignored_out_of_range = get(counters_.ignored_out_of_range),
       .not_started_at_stop = get(counters_.not_started_at_stop),
+      .calls_cancelled = get(counters_.calls_cancelled),
+      .stale_refusals = get(counters_.stale_refusals),
   };
 }
 
