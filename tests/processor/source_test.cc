@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "setpoint/base/context.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
-#include "setpoint/testing/run_on_runner.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 
@@ -26,7 +26,6 @@ namespace {
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::IsOk;
 using ::setpoint::testing::NullLogger;
-using ::setpoint::testing::RunOnRunner;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::Contains;
@@ -161,17 +160,19 @@ class PollingSourceTest : public ::testing::Test {
 
   // Returns the log (and clears it), read on the runner.
   std::vector<std::string> TakeLog() {
-    auto log = RunOnRunner(runner_, [this] { return std::exchange(log_, {}); });
-    EXPECT_TRUE(log.has_value());
+    auto log = runner_.PostAndWait(Context(),
+                                   [this] { return std::exchange(log_, {}); });
+    EXPECT_THAT(log, IsOk());
     return log.value_or(std::vector<std::string>{});
   }
   Map Items() {
-    auto items = RunOnRunner(runner_, [this] { return store_.items(); });
-    EXPECT_TRUE(items.has_value());
+    auto items =
+        runner_.PostAndWait(Context(), [this] { return store_.items(); });
+    EXPECT_THAT(items, IsOk());
     return items.value_or(Map{});
   }
   bool StoreInSync() {
-    return RunOnRunner(runner_, [this] { return store_.InSync(); })
+    return runner_.PostAndWait(Context(), [this] { return store_.InSync(); })
         .value_or(false);
   }
 
@@ -211,7 +212,7 @@ TEST_F(PollingSourceTest, InSyncAfterTheFirstListThenPostsOnlyChanges) {
   ASSERT_TRUE(AwaitIdle(4));
   EXPECT_THAT(TakeLog(), IsEmpty());
   EXPECT_EQ(source_->stats().changes_posted, 5);
-  EXPECT_EQ(RunOnRunner(runner_, [this] { return store_.stats(); })
+  EXPECT_EQ(runner_.PostAndWait(Context(), [this] { return store_.stats(); })
                 .value_or(StoreStats{})
                 .unchanged_sets,
             0);
@@ -316,12 +317,12 @@ TEST_F(PollingSourceTest, SetFilterForgetsRelistsWithinItAndResyncs) {
   TakeLog();
 
   list_.Return({{"a1", 1}, {"a2", 2}, {"a3", 3}, {"b1", 3}});
-  auto during = RunOnRunner(runner_, [this] {
+  auto during = runner_.PostAndWait(Context(), [this] {
     source_->SetFilter(StartsWithA);
     // Within the same event: forgotten (not deleted) and out of sync.
     return std::make_pair(std::exchange(log_, {}), store_.InSync());
   });
-  ASSERT_TRUE(during.has_value());
+  ASSERT_THAT(during, IsOk());
   EXPECT_THAT(during->first, UnorderedElementsAre("lost", "forget b1 3->_"));
   EXPECT_FALSE(during->second);
 
@@ -342,8 +343,9 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   list_.Block({{"a1", 99}, {"b1", 1}});
   source_->Trigger();
   ASSERT_TRUE(AwaitCondition([&] { return list_.blocked(); }));
-  ASSERT_TRUE(
-      RunOnRunner(runner_, [this] { source_->SetFilter(StartsWithA); }));
+  ASSERT_THAT(runner_.PostAndWait(Context(),
+                                  [this] { source_->SetFilter(StartsWithA); }),
+              IsOk());
   list_.Return({{"a1", 2}, {"b1", 1}});
   list_.Release();
 
@@ -354,7 +356,7 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   EXPECT_THAT(log, Not(Contains(HasSubstr("99"))));
   EXPECT_THAT(log,
               ElementsAre("lost", "forget b1 1->_", "set a1 1->2", "synced"));
-  EXPECT_EQ(RunOnRunner(runner_, [this] { return store_.stats(); })
+  EXPECT_EQ(runner_.PostAndWait(Context(), [this] { return store_.stats(); })
                 .value_or(StoreStats{})
                 .ignored,
             1);
@@ -393,8 +395,9 @@ class PushSourceTest : public ::testing::Test {
   void SetUp() override { ASSERT_THAT(runner_.Start(), IsOk()); }
 
   std::vector<std::string> TakeLog() {
-    auto log = RunOnRunner(runner_, [this] { return std::exchange(log_, {}); });
-    EXPECT_TRUE(log.has_value());
+    auto log = runner_.PostAndWait(Context(),
+                                   [this] { return std::exchange(log_, {}); });
+    EXPECT_THAT(log, IsOk());
     return log.value_or(std::vector<std::string>{});
   }
 
@@ -455,11 +458,13 @@ TEST_F(PushSourceTest, OnFilterChangeIsCalledAfterSetFilter) {
   source.Replace({{"a1", 1}, {"b1", 2}});
   TakeLog();
 
-  ASSERT_TRUE(RunOnRunner(runner_, [&] { source.SetFilter(StartsWithA); }));
-  auto after = RunOnRunner(runner_, [&] {
+  ASSERT_THAT(
+      runner_.PostAndWait(Context(), [&] { source.SetFilter(StartsWithA); }),
+      IsOk());
+  auto after = runner_.PostAndWait(Context(), [&] {
     return std::make_pair(seen.size() == 1 ? seen[0] : Seen{}, store_.InSync());
   });
-  ASSERT_TRUE(after.has_value());
+  ASSERT_THAT(after, IsOk());
   EXPECT_TRUE(after->first.selects_a1);
   EXPECT_FALSE(after->first.selects_b1);
   EXPECT_FALSE(after->first.store_in_sync);
