@@ -119,6 +119,20 @@ class FakeList {
 
 constexpr absl::Duration kInterval = absl::Seconds(10);
 
+// Lists every 10 s; after a failure backs off 1 s, 2 s, 4 s...; loses sync
+// after two failures in a row.
+PollingSourceOptions<int> TestOptions(Clock* clock) {
+  return {.name = "test",
+          .interval = kInterval,
+          .lose_sync_after = 2,
+          .backoff = {.initial = absl::Seconds(1),
+                      .max = absl::Minutes(1),
+                      .multiplier = 2.0,
+                      .jitter = 0.0},
+          .clock = clock,
+          .logger = NullLogger()};
+}
+
 // The source lists on a simulated clock; the runner keeps the real one (it
 // sets no timers here), so the source's thread is the clock's only waiter.
 class PollingSourceTest : public ::testing::Test {
@@ -127,17 +141,7 @@ class PollingSourceTest : public ::testing::Test {
 
   void SetUp() override { ASSERT_THAT(runner_.Start(), IsOk()); }
 
-  PollingSourceOptions<int> Options() {
-    return {.name = "test",
-            .interval = kInterval,
-            .lose_sync_after = 2,
-            .backoff = {.initial = absl::Seconds(1),
-                        .max = absl::Minutes(1),
-                        .multiplier = 2.0,
-                        .jitter = 0.0},
-            .clock = &clock_,
-            .logger = NullLogger()};
-  }
+  PollingSourceOptions<int> Options() { return TestOptions(&clock_); }
 
   void StartSource(PollingSourceOptions<int> options) {
     source_ = std::make_unique<PollingSource<std::string, int>>(
@@ -385,6 +389,161 @@ TEST_F(PollingSourceTest, StopCancelsAListBlockedOnItsContext) {
   EXPECT_EQ(source_->stats().lists, 0);  // Stopped: the result is not used.
   source_->Stop();                       // Idempotent.
   EXPECT_FALSE(StoreInSync());
+}
+
+// PollingSource in manual mode ---------------------------------------------
+
+// No threads: the test polls the source and runs the runner, both on the
+// test thread, on one simulated clock.
+class ManualPollingSourceTest : public ::testing::Test {
+ protected:
+  ManualPollingSourceTest() { Record(&store_, &log_); }
+
+  void SetUp() override {
+    PollingSourceOptions<int> options = TestOptions(&clock_);
+    options.manual = true;
+    source_ = std::make_unique<PollingSource<std::string, int>>(
+        &runner_, &store_,
+        [this](const Context& ctx) {
+          list_thread_ = std::this_thread::get_id();
+          return list_.List(ctx);
+        },
+        std::move(options));
+    ASSERT_THAT(source_->Start(), IsOk());
+  }
+
+  // Polls if due, then runs what the source posted.
+  bool Poll() {
+    bool listed = source_->PollIfDue();
+    runner_.RunUntilIdle();
+    return listed;
+  }
+  std::vector<std::string> TakeLog() { return std::exchange(log_, {}); }
+
+  SimulatedClock clock_;
+  FakeList list_;
+  std::thread::id list_thread_;
+  std::vector<std::string> log_;
+  IntStore store_{{.name = "observed", .logger = NullLogger()}};
+  Runner runner_{{.name = "test", .clock = &clock_, .logger = NullLogger()}};
+  std::unique_ptr<PollingSource<std::string, int>> source_;
+};
+
+TEST_F(ManualPollingSourceTest, TheFirstPollListsThenEveryInterval) {
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(clock_.num_waiters(), 0);  // No thread.
+  list_.Return({{"a", 1}, {"b", 2}});
+  ASSERT_TRUE(Poll());
+  EXPECT_EQ(list_thread_, std::this_thread::get_id());
+  std::vector<std::string> log = TakeLog();
+  EXPECT_THAT(log, UnorderedElementsAre("set a _->1", "set b _->2", "synced"));
+  EXPECT_EQ(log.back(), "synced");
+  EXPECT_THAT(store_.items(), UnorderedElementsAre(Pair("a", 1), Pair("b", 2)));
+  EXPECT_TRUE(store_.InSync());
+  const absl::Time first_ended = clock_.Now();
+  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+
+  // Not due until the interval has passed on the clock.
+  list_.Return({{"a", 1}, {"b", 3}});
+  EXPECT_FALSE(Poll());
+  clock_.AdvanceTime(kInterval - absl::Milliseconds(1));
+  EXPECT_FALSE(Poll());
+  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+  EXPECT_EQ(source_->stats().lists, 1);
+  clock_.AdvanceTime(absl::Milliseconds(1));
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set b 2->3"));
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+  PollingSourceStats stats = source_->stats();
+  EXPECT_EQ(stats.lists, 2);
+  EXPECT_EQ(stats.changes_posted, 3);
+}
+
+TEST_F(ManualPollingSourceTest, FailuresBackOffAndLoseSync) {
+  list_.Return({{"a", 1}});
+  ASSERT_TRUE(Poll());
+  TakeLog();
+
+  // lose_sync_after = 2; backoff 1 s, 2 s, 4 s.
+  list_.Fail(absl::UnavailableError("cloud down"));
+  clock_.AdvanceTime(kInterval);
+  ASSERT_TRUE(Poll());
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(1));
+  EXPECT_TRUE(store_.InSync());  // One failure is not enough.
+  EXPECT_EQ(source_->stats().consecutive_failures, 1);
+
+  clock_.AdvanceTime(absl::Seconds(1));
+  ASSERT_TRUE(Poll());
+  EXPECT_FALSE(store_.InSync());
+  EXPECT_THAT(TakeLog(), ElementsAre("lost"));
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(2));
+
+  clock_.AdvanceTime(absl::Seconds(1));
+  EXPECT_FALSE(Poll());
+  clock_.AdvanceTime(absl::Seconds(1));
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), IsEmpty());  // The loss is announced once.
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(4));
+  PollingSourceStats stats = source_->stats();
+  EXPECT_EQ(stats.list_failures, 3);
+  EXPECT_EQ(stats.consecutive_failures, 3);
+
+  list_.Return({{"a", 2}});
+  clock_.AdvanceTime(absl::Seconds(4));
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a 1->2", "synced"));
+  EXPECT_TRUE(store_.InSync());
+  EXPECT_EQ(source_->stats().consecutive_failures, 0);
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+}
+
+TEST_F(ManualPollingSourceTest, TriggerAndSetFilterMakeItDueAtOnce) {
+  list_.Return({{"a1", 1}, {"b1", 2}});
+  ASSERT_TRUE(Poll());
+  TakeLog();
+  const absl::Time now = clock_.Now();
+
+  list_.Return({{"a1", 5}, {"b1", 2}});
+  source_->Trigger();
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a1 1->5"));
+  EXPECT_FALSE(Poll());
+
+  list_.Return({{"a1", 5}, {"a2", 3}, {"b1", 2}});
+  ASSERT_THAT(runner_.PostAndWait(Context::Background(&clock_),
+                                  [this] { source_->SetFilter(StartsWithA); }),
+              IsOk());
+  EXPECT_THAT(TakeLog(), UnorderedElementsAre("lost", "forget b1 2->_"));
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a2 _->3", "synced"));
+  EXPECT_THAT(store_.items(),
+              UnorderedElementsAre(Pair("a1", 5), Pair("a2", 3)));
+  EXPECT_EQ(clock_.Now(), now);
+  EXPECT_EQ(source_->NextPollTime(), now + kInterval);
+}
+
+TEST_F(ManualPollingSourceTest, PollsOnlyInManualModeBetweenStartAndStop) {
+  PollingSource<std::string, int> threaded(
+      &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
+      TestOptions(&clock_));
+  EXPECT_FALSE(threaded.PollIfDue());  // Not manual.
+
+  PollingSourceOptions<int> options = TestOptions(&clock_);
+  options.manual = true;
+  PollingSource<std::string, int> manual(
+      &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
+      std::move(options));
+  EXPECT_FALSE(manual.PollIfDue());  // Not started.
+  ASSERT_THAT(manual.Start(), IsOk());
+  EXPECT_THAT(manual.Start(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(manual.PollIfDue());
+  manual.Stop();
+  manual.Trigger();
+  EXPECT_FALSE(manual.PollIfDue());  // Stopped.
+  EXPECT_EQ(manual.stats().lists, 1);
 }
 
 // PushSource -------------------------------------------------------------
