@@ -42,7 +42,6 @@
 #include "setpoint/processor/syncer.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
-#include "setpoint/testing/run_on_runner.h"
 
 // ---- Counting allocator -----------------------------------------------------
 //
@@ -134,9 +133,9 @@ bool AwaitConverged(Runner& runner, IntSyncer& syncer, int64_t keys,
                     absl::Duration timeout) {
   return testing::AwaitCondition(
       [&] {
-        auto s = testing::RunOnRunner(runner,
-                                      [&] { return syncer.StatusSnapshot(0); });
-        return s.has_value() && s->keys == keys && s->converged == keys;
+        auto s = runner.PostAndWait(Context(),
+                                    [&] { return syncer.StatusSnapshot(0); });
+        return s.ok() && s->keys == keys && s->converged == keys;
       },
       timeout);
 }
@@ -268,7 +267,7 @@ void BM_SyncerIngest(benchmark::State& state) {
       state.SkipWithError("the world did not converge");
       break;
     }
-    auto wrong = testing::RunOnRunner(runner, [&] {
+    auto wrong = runner.PostAndWait(Context(), [&] {
       int64_t n = 0;
       for (int64_t k = 0; k < kKeys; ++k) {
         const int* o = syncer.observed(keys[k]);
@@ -276,7 +275,7 @@ void BM_SyncerIngest(benchmark::State& state) {
       }
       return n;
     });
-    if (!wrong.has_value() || *wrong != 0) {
+    if (!wrong.ok() || *wrong != 0) {
       state.SkipWithError("keys not at their last desired value");
       break;
     }

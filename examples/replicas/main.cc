@@ -14,9 +14,7 @@
 // converged, 1 did not converge within the deadline.
 
 #include <cstdio>
-#include <future>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,20 +95,6 @@ class RuntimeClient
   FakeRuntime* const runtime_;
   const std::shared_ptr<spdlog::logger> logger_;
 };
-
-// Runs `fn` on the runner and waits for its result. Runner-only state (the
-// syncer's status) may only be read there. nullopt if the runner stopped.
-template <class Fn>
-auto OnRunner(setpoint::Runner& runner, Fn fn)
-    -> std::optional<decltype(fn())> {
-  auto result = std::make_shared<std::promise<decltype(fn())>>();
-  std::future<decltype(fn())> future = result->get_future();
-  absl::Status posted = runner.Post(
-      [result, fn = std::move(fn)]() mutable { result->set_value(fn()); },
-      "replicas check");
-  if (!posted.ok()) return std::nullopt;
-  return future.get();  // Stop() still runs events posted before it.
-}
 
 struct Phase {
   std::string what;
@@ -219,10 +203,13 @@ int Main() {
 
     // Converged: the runtime holds exactly `want`, and the syncer agrees
     // (in sync, nothing pending, in flight or awaiting observation).
+    // The syncer's status is runner-only state: read it there.
     auto done = [&] {
       if (runtime.Images() != want) return false;
-      auto status = OnRunner(runner, [&] { return syncer.StatusSnapshot(); });
-      return status.has_value() && status->in_sync &&
+      auto status = runner.PostAndWait(
+          setpoint::Context(), [&] { return syncer.StatusSnapshot(); },
+          "replicas check");
+      return status.ok() && status->in_sync &&
              status->converged == status->keys &&
              status->keys == static_cast<int64_t>(want.size());
     };
@@ -244,8 +231,10 @@ int Main() {
   }
 
   // The final picture, read on the runner.
-  auto status = OnRunner(runner, [&] { return syncer.StatusSnapshot(); });
-  if (status.has_value()) {
+  auto status = runner.PostAndWait(
+      setpoint::Context(), [&] { return syncer.StatusSnapshot(); },
+      "replicas status");
+  if (status.ok()) {
     logger->info(
         "status in_sync={} keys={} converged={} pending={} in_flight={} "
         "awaiting_observation={} failing={} terminal={}",

@@ -617,6 +617,7 @@ absl::Status Runner::Start() {
     return absl::FailedPreconditionError("start runner " + name_ +
                                          ": already started");
   }
+  started_.store(true, std::memory_order_release);
   thread_ = std::jthread([this] {
     pthread_setname_np(pthread_self(), "sp-runner");
     Loop();
@@ -946,6 +947,26 @@ int64_t Runner::RunUntilIdle() {
 bool Runner::IsCurrent() const {
   return current_.load() == std::this_thread::get_id();
 }
+
+namespace runner_internal {
+
+absl::Status CallCatching(const std::string& runner, const char* origin,
+                          absl::FunctionRef<void()> call) {
+  try {
+    call();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("post and wait on runner ", runner,
+                                            " origin=", origin,
+                                            ": threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrCat("post and wait on runner ", runner, " origin=", origin,
+                     ": threw a non-standard exception"));
+  }
+}
+
+}  // namespace runner_internal
 
 RunnerStats Runner::stats() const {
   TimerHandle::Shared& s = *shared_;

@@ -6,13 +6,19 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
@@ -26,6 +32,8 @@ using ::setpoint::testing::IsOk;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pointee;
 
 RunnerOptions Options(Clock* clock) {
   return {.name = "test",
@@ -599,6 +607,290 @@ TEST(Runner, CancelAfterStopOrDropReturnsFalse) {
   EXPECT_FALSE(TimerHandle().Cancel());
   EXPECT_EQ(runner.stats().timers_dropped, 1);
   EXPECT_EQ(runner.stats().timers_cancelled, 0);
+}
+
+// PostAndWait ---------------------------------------------------------------
+
+// Holds the runner inside an event until Open().
+class Gate {
+ public:
+  // The event's body: blocks until Open().
+  void Pass() {
+    MutexLock l(&mu_);
+    entered_ = true;
+    cv_.Wait(&mu_, {},
+             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; });
+  }
+  bool AwaitEntered() {
+    return AwaitCondition([this] {
+      MutexLock l(&mu_);
+      return entered_;
+    });
+  }
+  void Open() {
+    MutexLock l(&mu_);
+    open_ = true;
+    cv_.SignalAll();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool entered_ ABSL_GUARDED_BY(mu_) = false;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST(RunnerPostAndWait, ReturnsWhatFnReturnsAsStatusOrStatusOr) {
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  const Context ctx;
+  int runs = 0;  // Runner only.
+
+  absl::Status done = runner.PostAndWait(ctx, [&] {
+    EXPECT_TRUE(runner.IsCurrent());
+    ++runs;
+  });
+  EXPECT_THAT(done, IsOk());
+
+  auto value = runner.PostAndWait(ctx, [&] { return ++runs; });
+  static_assert(std::is_same_v<decltype(value), absl::StatusOr<int>>);
+  EXPECT_THAT(value, IsOk());
+  EXPECT_EQ(value.value_or(0), 2);
+
+  auto error = runner.PostAndWait(
+      ctx, [] { return absl::NotFoundError("find vm=web-0: gone"); });
+  static_assert(std::is_same_v<decltype(error), absl::Status>);
+  EXPECT_THAT(error,
+              StatusIs(absl::StatusCode::kNotFound, "find vm=web-0: gone"));
+
+  auto text = runner.PostAndWait(
+      ctx, []() -> absl::StatusOr<std::string> { return "pod-a"; });
+  static_assert(std::is_same_v<decltype(text), absl::StatusOr<std::string>>);
+  EXPECT_EQ(text.value_or(""), "pod-a");
+  auto no_text = runner.PostAndWait(ctx, []() -> absl::StatusOr<std::string> {
+    return absl::UnavailableError("cloud down");
+  });
+  EXPECT_THAT(no_text, StatusIs(absl::StatusCode::kUnavailable));
+
+  // A reference is copied out; a move-only value is moved out.
+  const std::string name = "observed";
+  auto copied =
+      runner.PostAndWait(ctx, [&]() -> const std::string& { return name; });
+  static_assert(std::is_same_v<decltype(copied), absl::StatusOr<std::string>>);
+  EXPECT_EQ(copied.value_or(""), "observed");
+  auto moved = runner.PostAndWait(ctx, [] { return std::make_unique<int>(7); });
+  ASSERT_THAT(moved, IsOk());
+  EXPECT_THAT(*moved, Pointee(7));
+}
+
+TEST(RunnerPostAndWait, OnTheRunnerRunsInline) {
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::vector<std::string> order;  // Runner only.
+  auto outer = runner.PostAndWait(Context(), [&] {
+    EXPECT_THAT(runner.Post([&] { order.push_back("posted"); }), IsOk());
+    // Waiting for the runner from the runner would never return: inline.
+    auto inner = runner.PostAndWait(Context(), [&] {
+      order.push_back("inline");
+      return 5;
+    });
+    order.push_back("outer");
+    return inner.value_or(0);
+  });
+  EXPECT_EQ(outer.value_or(0), 5);
+  auto seen = runner.PostAndWait(Context(), [&] { return order; });
+  EXPECT_THAT(seen.value_or(std::vector<std::string>{}),
+              ElementsAre("inline", "outer", "posted"));
+}
+
+TEST(RunnerPostAndWait, RefusedAfterStopAndFnNeverRuns) {
+  auto captured = std::make_shared<int>(0);
+  bool ran = false;
+  {
+    Runner runner(Options(Clock::Real()));
+    ASSERT_THAT(runner.Start(), IsOk());
+    runner.Stop();
+    EXPECT_THAT(runner.PostAndWait(Context(), [&, captured] { ran = true; }),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("runner stopped")));
+    EXPECT_EQ(captured.use_count(), 1);  // fn is gone when it returns.
+  }
+  {
+    SimulatedClock clock;
+    Runner manual(Options(&clock));
+    manual.Stop();
+    EXPECT_THAT(manual.PostAndWait(Context(), [&] { return ran = true; }),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+  }
+  EXPECT_FALSE(ran);
+}
+
+TEST(RunnerPostAndWait, AnEndedContextMeansFnNeverRuns) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::atomic<bool> ran{false};
+  std::stop_source stop;
+  stop.request_stop();
+  EXPECT_THAT(runner.PostAndWait(Context(stop.get_token(), &clock),
+                                 [&] { ran = true; }),
+              StatusIs(absl::StatusCode::kCancelled));
+  const Context expired = Context::Background(&clock).WithDeadline(clock.Now());
+  EXPECT_THAT(runner.PostAndWait(expired, [&] { return ran = true; }),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // Not on the runner's thread either, where fn would run inline.
+  auto inside = runner.PostAndWait(Context(), [&] {
+    return runner.PostAndWait(expired, [&] { ran = true; });
+  });
+  EXPECT_THAT(inside, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  runner.Stop();
+  EXPECT_FALSE(ran);
+}
+
+TEST(RunnerPostAndWait, GivesUpWhenTheDeadlinePassesWhileQueued) {
+  SimulatedClock clock;  // The caller's context's clock only.
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  Gate gate;
+  ASSERT_THAT(runner.Post([&] { gate.Pass(); }, "gate"), IsOk());
+  ASSERT_TRUE(gate.AwaitEntered());
+
+  std::atomic<bool> ran{false};
+  auto captured = std::make_shared<int>(0);
+  absl::Status result;
+  long captures_left = 0;
+  std::thread caller([&] {
+    const Context ctx =
+        Context::Background(&clock).WithTimeout(absl::Seconds(5));
+    {
+      // fn refers to a local that is gone once PostAndWait returned.
+      int local = 0;
+      result = runner.PostAndWait(ctx, [&ran, &local, captured] {
+        ran = true;
+        ++local;
+      });
+    }
+    captures_left = captured.use_count();
+  });
+  ASSERT_TRUE(clock.AwaitWaiters(1));  // The caller waits on the clock.
+  clock.AdvanceTime(absl::Seconds(4));
+  EXPECT_EQ(clock.num_waiters(), 1);
+  clock.AdvanceTime(absl::Seconds(1));
+  caller.join();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(captures_left, 1);  // fn was destroyed before the return.
+
+  // The event is still queued behind the gate; run it: it does nothing.
+  gate.Open();
+  runner.Stop();
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(runner.stats().events_run, 2);
+}
+
+TEST(RunnerPostAndWait, GivesUpWhenCancelledWhileQueued) {
+  SimulatedClock clock;  // Shows when the caller waits; time never moves.
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  Gate gate;
+  ASSERT_THAT(runner.Post([&] { gate.Pass(); }, "gate"), IsOk());
+  ASSERT_TRUE(gate.AwaitEntered());
+
+  std::atomic<bool> ran{false};
+  std::stop_source stop;
+  absl::Status result;
+  std::thread caller([&] {
+    result = runner.PostAndWait(Context(stop.get_token(), &clock),
+                                [&] { ran = true; });
+  });
+  ASSERT_TRUE(clock.AwaitWaiters(1));  // Posted, and waiting.
+  stop.request_stop();
+  caller.join();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kCancelled));
+  gate.Open();
+  runner.Stop();
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(runner.stats().events_run, 2);
+}
+
+TEST(RunnerPostAndWait, OnceFnStartedWaitsForItWhateverTheContext) {
+  SimulatedClock clock;
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  Gate gate;
+  absl::StatusOr<int> result;
+  std::thread caller([&] {
+    const Context ctx =
+        Context::Background(&clock).WithTimeout(absl::Seconds(5));
+    result = runner.PostAndWait(ctx, [&] {
+      gate.Pass();
+      return 3;
+    });
+  });
+  ASSERT_TRUE(gate.AwaitEntered());
+  clock.AdvanceTime(absl::Seconds(10));  // Past the deadline, fn running.
+  gate.Open();
+  caller.join();
+  EXPECT_THAT(result, IsOk());
+  EXPECT_EQ(result.value_or(0), 3);
+}
+
+TEST(RunnerPostAndWait, AThrowingFnIsInternalAndTheRunnerGoesOn) {
+  Runner runner(Options(Clock::Real()));
+  ASSERT_THAT(runner.Start(), IsOk());
+  EXPECT_THAT(runner.PostAndWait(
+                  Context(), []() -> int { throw std::runtime_error("boom"); },
+                  "read items"),
+              StatusIs(absl::StatusCode::kInternal,
+                       "post and wait on runner test origin=read items: "
+                       "threw: boom"));
+  EXPECT_THAT(runner.PostAndWait(Context(), [] { throw 7; }),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("non-standard exception")));
+  EXPECT_EQ(runner.PostAndWait(Context(), [] { return 1; }).value_or(0), 1);
+  // Caught inside the event: the runner saw no throw.
+  EXPECT_EQ(runner.stats().events_threw, 0);
+}
+
+TEST(RunnerPostAndWait, ManualModeRunsTheQueueOnTheCallingThread) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  std::vector<std::string> order;
+  ASSERT_THAT(runner.Post([&] { order.push_back("before"); }), IsOk());
+  ASSERT_THAT(
+      runner.PostAfter(absl::Seconds(1), [&] { order.push_back("timer"); }),
+      IsOk());
+  auto n = runner.PostAndWait(Context::Background(&clock), [&] {
+    EXPECT_TRUE(runner.IsCurrent());
+    EXPECT_THAT(runner.Post([&] { order.push_back("posted by fn"); }), IsOk());
+    order.push_back("fn");
+    return order.size();
+  });
+  EXPECT_EQ(n.value_or(0), 2u);
+  EXPECT_THAT(order, ElementsAre("before", "fn", "posted by fn"));
+  EXPECT_FALSE(runner.IsCurrent());
+  clock.AdvanceTime(absl::Seconds(1));
+  EXPECT_THAT(runner.PostAndWait(Context(), [] {}), IsOk());
+  EXPECT_EQ(order.back(), "timer");
+}
+
+TEST(RunnerPostAndWait, ManualModeChecksTheContextWhenFnComesUp) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  bool ran = false;
+  // An earlier event moves the clock past the caller's deadline.
+  ASSERT_THAT(runner.Post([&] { clock.AdvanceTime(absl::Seconds(2)); }),
+              IsOk());
+  EXPECT_THAT(runner.PostAndWait(
+                  Context::Background(&clock).WithTimeout(absl::Seconds(1)),
+                  [&] { ran = true; }),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // An earlier event stops the runner: the rest is dropped, fn with it.
+  ASSERT_THAT(runner.Post([&] { runner.Stop(); }), IsOk());
+  EXPECT_THAT(runner.PostAndWait(Context(), [&] { ran = true; }),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("stopped before it ran")));
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(runner.stats().events_dropped, 1);
 }
 
 }  // namespace

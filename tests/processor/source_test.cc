@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "setpoint/base/context.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
-#include "setpoint/testing/run_on_runner.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 
@@ -26,7 +26,6 @@ namespace {
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::IsOk;
 using ::setpoint::testing::NullLogger;
-using ::setpoint::testing::RunOnRunner;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::Contains;
@@ -120,6 +119,20 @@ class FakeList {
 
 constexpr absl::Duration kInterval = absl::Seconds(10);
 
+// Lists every 10 s; after a failure backs off 1 s, 2 s, 4 s...; loses sync
+// after two failures in a row.
+PollingSourceOptions<int> TestOptions(Clock* clock) {
+  return {.name = "test",
+          .interval = kInterval,
+          .lose_sync_after = 2,
+          .backoff = {.initial = absl::Seconds(1),
+                      .max = absl::Minutes(1),
+                      .multiplier = 2.0,
+                      .jitter = 0.0},
+          .clock = clock,
+          .logger = NullLogger()};
+}
+
 // The source lists on a simulated clock; the runner keeps the real one (it
 // sets no timers here), so the source's thread is the clock's only waiter.
 class PollingSourceTest : public ::testing::Test {
@@ -128,17 +141,7 @@ class PollingSourceTest : public ::testing::Test {
 
   void SetUp() override { ASSERT_THAT(runner_.Start(), IsOk()); }
 
-  PollingSourceOptions<int> Options() {
-    return {.name = "test",
-            .interval = kInterval,
-            .lose_sync_after = 2,
-            .backoff = {.initial = absl::Seconds(1),
-                        .max = absl::Minutes(1),
-                        .multiplier = 2.0,
-                        .jitter = 0.0},
-            .clock = &clock_,
-            .logger = NullLogger()};
-  }
+  PollingSourceOptions<int> Options() { return TestOptions(&clock_); }
 
   void StartSource(PollingSourceOptions<int> options) {
     source_ = std::make_unique<PollingSource<std::string, int>>(
@@ -161,17 +164,19 @@ class PollingSourceTest : public ::testing::Test {
 
   // Returns the log (and clears it), read on the runner.
   std::vector<std::string> TakeLog() {
-    auto log = RunOnRunner(runner_, [this] { return std::exchange(log_, {}); });
-    EXPECT_TRUE(log.has_value());
+    auto log = runner_.PostAndWait(Context(),
+                                   [this] { return std::exchange(log_, {}); });
+    EXPECT_THAT(log, IsOk());
     return log.value_or(std::vector<std::string>{});
   }
   Map Items() {
-    auto items = RunOnRunner(runner_, [this] { return store_.items(); });
-    EXPECT_TRUE(items.has_value());
+    auto items =
+        runner_.PostAndWait(Context(), [this] { return store_.items(); });
+    EXPECT_THAT(items, IsOk());
     return items.value_or(Map{});
   }
   bool StoreInSync() {
-    return RunOnRunner(runner_, [this] { return store_.InSync(); })
+    return runner_.PostAndWait(Context(), [this] { return store_.InSync(); })
         .value_or(false);
   }
 
@@ -211,7 +216,7 @@ TEST_F(PollingSourceTest, InSyncAfterTheFirstListThenPostsOnlyChanges) {
   ASSERT_TRUE(AwaitIdle(4));
   EXPECT_THAT(TakeLog(), IsEmpty());
   EXPECT_EQ(source_->stats().changes_posted, 5);
-  EXPECT_EQ(RunOnRunner(runner_, [this] { return store_.stats(); })
+  EXPECT_EQ(runner_.PostAndWait(Context(), [this] { return store_.stats(); })
                 .value_or(StoreStats{})
                 .unchanged_sets,
             0);
@@ -316,12 +321,12 @@ TEST_F(PollingSourceTest, SetFilterForgetsRelistsWithinItAndResyncs) {
   TakeLog();
 
   list_.Return({{"a1", 1}, {"a2", 2}, {"a3", 3}, {"b1", 3}});
-  auto during = RunOnRunner(runner_, [this] {
+  auto during = runner_.PostAndWait(Context(), [this] {
     source_->SetFilter(StartsWithA);
     // Within the same event: forgotten (not deleted) and out of sync.
     return std::make_pair(std::exchange(log_, {}), store_.InSync());
   });
-  ASSERT_TRUE(during.has_value());
+  ASSERT_THAT(during, IsOk());
   EXPECT_THAT(during->first, UnorderedElementsAre("lost", "forget b1 3->_"));
   EXPECT_FALSE(during->second);
 
@@ -342,8 +347,9 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   list_.Block({{"a1", 99}, {"b1", 1}});
   source_->Trigger();
   ASSERT_TRUE(AwaitCondition([&] { return list_.blocked(); }));
-  ASSERT_TRUE(
-      RunOnRunner(runner_, [this] { source_->SetFilter(StartsWithA); }));
+  ASSERT_THAT(runner_.PostAndWait(Context(),
+                                  [this] { source_->SetFilter(StartsWithA); }),
+              IsOk());
   list_.Return({{"a1", 2}, {"b1", 1}});
   list_.Release();
 
@@ -354,7 +360,7 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   EXPECT_THAT(log, Not(Contains(HasSubstr("99"))));
   EXPECT_THAT(log,
               ElementsAre("lost", "forget b1 1->_", "set a1 1->2", "synced"));
-  EXPECT_EQ(RunOnRunner(runner_, [this] { return store_.stats(); })
+  EXPECT_EQ(runner_.PostAndWait(Context(), [this] { return store_.stats(); })
                 .value_or(StoreStats{})
                 .ignored,
             1);
@@ -385,6 +391,161 @@ TEST_F(PollingSourceTest, StopCancelsAListBlockedOnItsContext) {
   EXPECT_FALSE(StoreInSync());
 }
 
+// PollingSource in manual mode ---------------------------------------------
+
+// No threads: the test polls the source and runs the runner, both on the
+// test thread, on one simulated clock.
+class ManualPollingSourceTest : public ::testing::Test {
+ protected:
+  ManualPollingSourceTest() { Record(&store_, &log_); }
+
+  void SetUp() override {
+    PollingSourceOptions<int> options = TestOptions(&clock_);
+    options.manual = true;
+    source_ = std::make_unique<PollingSource<std::string, int>>(
+        &runner_, &store_,
+        [this](const Context& ctx) {
+          list_thread_ = std::this_thread::get_id();
+          return list_.List(ctx);
+        },
+        std::move(options));
+    ASSERT_THAT(source_->Start(), IsOk());
+  }
+
+  // Polls if due, then runs what the source posted.
+  bool Poll() {
+    bool listed = source_->PollIfDue();
+    runner_.RunUntilIdle();
+    return listed;
+  }
+  std::vector<std::string> TakeLog() { return std::exchange(log_, {}); }
+
+  SimulatedClock clock_;
+  FakeList list_;
+  std::thread::id list_thread_;
+  std::vector<std::string> log_;
+  IntStore store_{{.name = "observed", .logger = NullLogger()}};
+  Runner runner_{{.name = "test", .clock = &clock_, .logger = NullLogger()}};
+  std::unique_ptr<PollingSource<std::string, int>> source_;
+};
+
+TEST_F(ManualPollingSourceTest, TheFirstPollListsThenEveryInterval) {
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(clock_.num_waiters(), 0);  // No thread.
+  list_.Return({{"a", 1}, {"b", 2}});
+  ASSERT_TRUE(Poll());
+  EXPECT_EQ(list_thread_, std::this_thread::get_id());
+  std::vector<std::string> log = TakeLog();
+  EXPECT_THAT(log, UnorderedElementsAre("set a _->1", "set b _->2", "synced"));
+  EXPECT_EQ(log.back(), "synced");
+  EXPECT_THAT(store_.items(), UnorderedElementsAre(Pair("a", 1), Pair("b", 2)));
+  EXPECT_TRUE(store_.InSync());
+  const absl::Time first_ended = clock_.Now();
+  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+
+  // Not due until the interval has passed on the clock.
+  list_.Return({{"a", 1}, {"b", 3}});
+  EXPECT_FALSE(Poll());
+  clock_.AdvanceTime(kInterval - absl::Milliseconds(1));
+  EXPECT_FALSE(Poll());
+  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+  EXPECT_EQ(source_->stats().lists, 1);
+  clock_.AdvanceTime(absl::Milliseconds(1));
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set b 2->3"));
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+  PollingSourceStats stats = source_->stats();
+  EXPECT_EQ(stats.lists, 2);
+  EXPECT_EQ(stats.changes_posted, 3);
+}
+
+TEST_F(ManualPollingSourceTest, FailuresBackOffAndLoseSync) {
+  list_.Return({{"a", 1}});
+  ASSERT_TRUE(Poll());
+  TakeLog();
+
+  // lose_sync_after = 2; backoff 1 s, 2 s, 4 s.
+  list_.Fail(absl::UnavailableError("cloud down"));
+  clock_.AdvanceTime(kInterval);
+  ASSERT_TRUE(Poll());
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(1));
+  EXPECT_TRUE(store_.InSync());  // One failure is not enough.
+  EXPECT_EQ(source_->stats().consecutive_failures, 1);
+
+  clock_.AdvanceTime(absl::Seconds(1));
+  ASSERT_TRUE(Poll());
+  EXPECT_FALSE(store_.InSync());
+  EXPECT_THAT(TakeLog(), ElementsAre("lost"));
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(2));
+
+  clock_.AdvanceTime(absl::Seconds(1));
+  EXPECT_FALSE(Poll());
+  clock_.AdvanceTime(absl::Seconds(1));
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), IsEmpty());  // The loss is announced once.
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(4));
+  PollingSourceStats stats = source_->stats();
+  EXPECT_EQ(stats.list_failures, 3);
+  EXPECT_EQ(stats.consecutive_failures, 3);
+
+  list_.Return({{"a", 2}});
+  clock_.AdvanceTime(absl::Seconds(4));
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a 1->2", "synced"));
+  EXPECT_TRUE(store_.InSync());
+  EXPECT_EQ(source_->stats().consecutive_failures, 0);
+  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+}
+
+TEST_F(ManualPollingSourceTest, TriggerAndSetFilterMakeItDueAtOnce) {
+  list_.Return({{"a1", 1}, {"b1", 2}});
+  ASSERT_TRUE(Poll());
+  TakeLog();
+  const absl::Time now = clock_.Now();
+
+  list_.Return({{"a1", 5}, {"b1", 2}});
+  source_->Trigger();
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a1 1->5"));
+  EXPECT_FALSE(Poll());
+
+  list_.Return({{"a1", 5}, {"a2", 3}, {"b1", 2}});
+  ASSERT_THAT(runner_.PostAndWait(Context::Background(&clock_),
+                                  [this] { source_->SetFilter(StartsWithA); }),
+              IsOk());
+  EXPECT_THAT(TakeLog(), UnorderedElementsAre("lost", "forget b1 2->_"));
+  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  ASSERT_TRUE(Poll());
+  EXPECT_THAT(TakeLog(), ElementsAre("set a2 _->3", "synced"));
+  EXPECT_THAT(store_.items(),
+              UnorderedElementsAre(Pair("a1", 5), Pair("a2", 3)));
+  EXPECT_EQ(clock_.Now(), now);
+  EXPECT_EQ(source_->NextPollTime(), now + kInterval);
+}
+
+TEST_F(ManualPollingSourceTest, PollsOnlyInManualModeBetweenStartAndStop) {
+  PollingSource<std::string, int> threaded(
+      &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
+      TestOptions(&clock_));
+  EXPECT_FALSE(threaded.PollIfDue());  // Not manual.
+
+  PollingSourceOptions<int> options = TestOptions(&clock_);
+  options.manual = true;
+  PollingSource<std::string, int> manual(
+      &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
+      std::move(options));
+  EXPECT_FALSE(manual.PollIfDue());  // Not started.
+  ASSERT_THAT(manual.Start(), IsOk());
+  EXPECT_THAT(manual.Start(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(manual.PollIfDue());
+  manual.Stop();
+  manual.Trigger();
+  EXPECT_FALSE(manual.PollIfDue());  // Stopped.
+  EXPECT_EQ(manual.stats().lists, 1);
+}
+
 // PushSource -------------------------------------------------------------
 
 class PushSourceTest : public ::testing::Test {
@@ -393,8 +554,9 @@ class PushSourceTest : public ::testing::Test {
   void SetUp() override { ASSERT_THAT(runner_.Start(), IsOk()); }
 
   std::vector<std::string> TakeLog() {
-    auto log = RunOnRunner(runner_, [this] { return std::exchange(log_, {}); });
-    EXPECT_TRUE(log.has_value());
+    auto log = runner_.PostAndWait(Context(),
+                                   [this] { return std::exchange(log_, {}); });
+    EXPECT_THAT(log, IsOk());
     return log.value_or(std::vector<std::string>{});
   }
 
@@ -455,11 +617,13 @@ TEST_F(PushSourceTest, OnFilterChangeIsCalledAfterSetFilter) {
   source.Replace({{"a1", 1}, {"b1", 2}});
   TakeLog();
 
-  ASSERT_TRUE(RunOnRunner(runner_, [&] { source.SetFilter(StartsWithA); }));
-  auto after = RunOnRunner(runner_, [&] {
+  ASSERT_THAT(
+      runner_.PostAndWait(Context(), [&] { source.SetFilter(StartsWithA); }),
+      IsOk());
+  auto after = runner_.PostAndWait(Context(), [&] {
     return std::make_pair(seen.size() == 1 ? seen[0] : Seen{}, store_.InSync());
   });
-  ASSERT_TRUE(after.has_value());
+  ASSERT_THAT(after, IsOk());
   EXPECT_TRUE(after->first.selects_a1);
   EXPECT_FALSE(after->first.selects_b1);
   EXPECT_FALSE(after->first.store_in_sync);

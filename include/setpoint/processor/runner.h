@@ -7,6 +7,9 @@
 //   runner.Post([&] { store.Apply(change); }, "store apply");
 //   auto timer = runner.PostAfter(absl::Seconds(5), [&] { Resync(); });
 //   timer->Cancel();
+//   absl::StatusOr<size_t> n = runner.PostAndWait(ctx, [&] {
+//     return store.size();  // runner-only state, read from another thread
+//   });
 //   runner.Stop();  // runs what was posted before, reports dropped timers
 //
 // No IO on the runner: an event that runs longer than slow_event_threshold is
@@ -19,21 +22,31 @@
 // nothing: queued events are counted as events_dropped and logged.
 //
 // Thread safety: Post, PostAfter, PostAt, stats() and TimerHandle::Cancel are
-// thread-safe. Start, Stop and RunUntilIdle belong to one owner thread.
+// thread-safe, and so is PostAndWait on a started runner. Start, Stop,
+// RunUntilIdle and PostAndWait in manual mode belong to one owner thread.
 #ifndef SETPOINT_PROCESSOR_RUNNER_H_
 #define SETPOINT_PROCESSOR_RUNNER_H_
 
 #include <atomic>
+#include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {
@@ -65,6 +78,38 @@ struct RunnerStats {
 };
 
 class Runner;
+
+namespace runner_internal {
+// What PostAndWait returns for a function returning R (cv and & removed).
+template <class R>
+struct WaitResult {
+  using type = absl::StatusOr<R>;
+};
+template <>
+struct WaitResult<void> {
+  using type = absl::Status;
+};
+template <>
+struct WaitResult<absl::Status> {
+  using type = absl::Status;
+};
+template <class T>
+struct WaitResult<absl::StatusOr<T>> {
+  using type = absl::StatusOr<T>;
+};
+}  // namespace runner_internal
+
+// What Runner::PostAndWait(ctx, fn) returns: absl::Status when fn returns
+// void or absl::Status; absl::StatusOr<T> when it returns T or
+// absl::StatusOr<T>.
+template <class Fn>
+using PostAndWaitResult = typename runner_internal::WaitResult<
+    std::remove_cvref_t<std::invoke_result_t<Fn&>>>::type;
+
+// A function Runner::PostAndWait can run: movable, callable with no
+// arguments.
+template <class Fn>
+concept PostAndWaitFn = std::move_constructible<Fn> && std::invocable<Fn&>;
 
 // Cancels a timer posted with PostAfter/PostAt. Copyable; safe to use after
 // the Runner is gone (Cancel then returns false).
@@ -112,6 +157,26 @@ class Runner {
   absl::StatusOr<TimerHandle> PostAt(absl::Time when, Event event,
                                      const char* origin = "timer");
 
+  // Runs `fn` on the runner and waits until it returned: how another thread
+  // reads or changes runner-only state. Returns fn's result (see
+  // PostAndWaitResult), or instead:
+  //   kFailedPrecondition: the runner was stopped; fn never runs.
+  //   ctx.Err() (kCancelled, kDeadlineExceeded): `ctx` ended, on
+  //     ctx.clock(), before fn started. fn never runs and is destroyed
+  //     before this returns, so it may capture references to the caller's
+  //     locals. Retry with a live context, or give up.
+  //   kInternal: fn threw; the message says what. The runner goes on.
+  // Once fn has started this waits for it to return, whatever `ctx` does.
+  // On the runner's own thread (IsCurrent()) fn runs inline. In manual mode
+  // (never started, not stopped) the calling thread, which must be the
+  // owner's, runs the queue (RunUntilIdle) until fn ran, so a test needs no
+  // second thread. With a SimulatedClock set to auto_advance, a deadline in
+  // `ctx` is reached at once unless fn already ran. `origin` names the
+  // event in logs and must outlive it (a literal).
+  template <PostAndWaitFn Fn>
+  PostAndWaitResult<Fn> PostAndWait(const Context& ctx, Fn fn,
+                                    const char* origin = "post and wait");
+
   // Manual mode (no Start()): runs, on the calling thread, queued events and
   // due timers until none is left, including those they post. Returns how
   // many ran. Calling it after Start() returns 0 and runs nothing.
@@ -151,7 +216,178 @@ class Runner {
   std::jthread thread_;
   // The thread running events (the loop or RunUntilIdle); empty otherwise.
   std::atomic<std::thread::id> current_{};
+  // Start() was called: PostAndWait waits instead of running the queue.
+  std::atomic<bool> started_{false};
 };
+
+// ---------------------------------------------------------------------------
+
+namespace runner_internal {
+
+// Runs `call`; returns kInternal naming the runner, the origin and what it
+// threw if it throws, OK otherwise.
+absl::Status CallCatching(const std::string& runner, const char* origin,
+                          absl::FunctionRef<void()> call);
+
+// Calls fn as PostAndWait does: its result as Out, or kInternal if it threw.
+template <class Out, class Fn>
+Out CallAs(Fn& fn, const std::string& runner, const char* origin) {
+  std::optional<Out> out;
+  absl::Status threw = CallCatching(runner, origin, [&] {
+    if constexpr (std::is_void_v<std::invoke_result_t<Fn&>>) {
+      std::invoke(fn);
+      out.emplace(absl::OkStatus());
+    } else {
+      out.emplace(std::invoke(fn));
+    }
+  });
+  if (!threw.ok()) return threw;
+  return *std::move(out);
+}
+
+// One PostAndWait call, shared by the caller and the event. `phase` leaves
+// kQueued once, and whoever moves it takes fn: the runner (for kRunning)
+// to run it, the caller (for kFinished) when its context ended first, or
+// the event's destructor (through kRunning) when it was dropped.
+template <class Fn, class Out>
+struct WaitState {
+  enum class Phase { kQueued, kRunning, kFinished };
+
+  explicit WaitState(Fn f) : fn(std::move(f)) {}
+
+  // Leaves kQueued for `to`, moving fn into `into` (lambdas cannot be
+  // assigned, so the caller's optional is filled in place).
+  void Claim(Phase to, std::optional<Fn>& into)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    into.emplace(std::move(*fn));
+    fn.reset();
+    phase = to;
+  }
+  // Finishes with `why` unless fn was claimed already. fn is destroyed
+  // (without the lock) before the caller wakes.
+  void Abandon(absl::Status why) {
+    {
+      std::optional<Fn> taken;
+      {
+        MutexLock l(&mu);
+        if (phase != Phase::kQueued) return;
+        Claim(Phase::kRunning, taken);
+      }
+    }
+    MutexLock l(&mu);
+    result = std::move(why);
+    phase = Phase::kFinished;
+    cv.SignalAll();
+  }
+
+  Mutex mu;
+  CondVar cv;
+  Phase phase ABSL_GUARDED_BY(mu) = Phase::kQueued;
+  std::optional<Fn> fn ABSL_GUARDED_BY(mu);  // Until claimed.
+  Out result ABSL_GUARDED_BY(mu);            // Once kFinished.
+};
+
+// The event PostAndWait posts. Destroyed without running (the runner was
+// stopped in manual mode, or refused the post), it finishes the call with
+// kFailedPrecondition.
+template <class Fn, class Out>
+class WaitEvent {
+ public:
+  using State = WaitState<Fn, Out>;
+  using Phase = typename State::Phase;
+
+  WaitEvent(std::shared_ptr<State> state, Context ctx,
+            const std::string* runner, const char* origin)
+      : state_(std::move(state)),
+        ctx_(std::move(ctx)),
+        runner_(runner),
+        origin_(origin) {}
+  WaitEvent(WaitEvent&&) = default;  // Leaves state_ null.
+  WaitEvent& operator=(WaitEvent&&) = delete;
+  ~WaitEvent() {
+    if (state_ != nullptr) {
+      state_->Abandon(absl::FailedPreconditionError(
+          absl::StrCat("post and wait on runner ", *runner_,
+                       " origin=", origin_, ": runner stopped before it ran")));
+    }
+  }
+
+  void operator()() && {
+    std::shared_ptr<State> state = std::move(state_);
+    std::optional<Fn> fn;
+    {
+      MutexLock l(&state->mu);
+      // The caller gave up (its context ended): fn's captures may be gone.
+      if (state->phase != Phase::kQueued) return;
+      state->Claim(Phase::kRunning, fn);
+    }
+    absl::Status ended = ctx_.Err();
+    Out out = ended.ok() ? CallAs<Out>(*fn, *runner_, origin_) : Out(ended);
+    fn.reset();
+    MutexLock l(&state->mu);
+    state->result = std::move(out);
+    state->phase = Phase::kFinished;
+    state->cv.SignalAll();
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+  Context ctx_;
+  const std::string* runner_;
+  const char* origin_;
+};
+
+// The caller's side: waits, on ctx's clock, until the runner takes fn or
+// ctx ends (then gives up unless the runner took it meanwhile), and then
+// until fn returned.
+template <class Fn, class Out>
+Out AwaitResult(WaitState<Fn, Out>& state, const Context& ctx) {
+  using Phase = typename WaitState<Fn, Out>::Phase;
+  Clock* const clock = ctx.clock();
+  std::optional<Fn> abandoned;  // Destroyed after the lock is released.
+  Out out;
+  {
+    MutexLock l(&state.mu);
+    while (state.phase == Phase::kQueued) {
+      clock->AwaitWithDeadline(&state.mu, &state.cv, ctx.deadline(),
+                               ctx.stop_token(), [&state] {
+                                 state.mu.AssertHeld();
+                                 return state.phase != Phase::kQueued;
+                               });
+      if (state.phase != Phase::kQueued) break;
+      absl::Status ended = ctx.Err();
+      if (!ended.ok()) {
+        state.Claim(Phase::kFinished, abandoned);
+        state.result = std::move(ended);
+      }
+    }
+    clock->AwaitWithDeadline(&state.mu, &state.cv, absl::InfiniteFuture(), {},
+                             [&state] {
+                               state.mu.AssertHeld();
+                               return state.phase == Phase::kFinished;
+                             });
+    out = std::move(state.result);
+  }
+  return out;
+}
+
+}  // namespace runner_internal
+
+template <PostAndWaitFn Fn>
+PostAndWaitResult<Fn> Runner::PostAndWait(const Context& ctx, Fn fn,
+                                          const char* origin) {
+  using Out = PostAndWaitResult<Fn>;
+  using State = runner_internal::WaitState<Fn, Out>;
+  if (origin == nullptr) origin = "post and wait";
+  if (absl::Status ended = ctx.Err(); !ended.ok()) return ended;
+  if (IsCurrent()) return runner_internal::CallAs<Out>(fn, name_, origin);
+  auto state = std::make_shared<State>(std::move(fn));
+  absl::Status posted = Post(
+      runner_internal::WaitEvent<Fn, Out>(state, ctx, &name_, origin), origin);
+  if (!posted.ok()) return posted;  // The event finished the state.
+  if (!started_.load(std::memory_order_acquire)) RunUntilIdle();
+  return runner_internal::AwaitResult(*state, ctx);
+}
 
 }  // namespace setpoint
 

@@ -20,6 +20,17 @@
 // sync (the syncer then pauses) until a list succeeds again. Failed lists
 // back off (BackoffOptions) instead of waiting `interval`.
 //
+// With `manual` set, Start() starts no thread: the owner lists by calling
+// PollIfDue() when NextPollTime() comes on the source's clock, for
+// deterministic tests of whole controllers on a simulated clock:
+//
+//   PollingSource<std::string, Vm> source(&runner, &vms, list,
+//                                         {.clock = &clock, .manual = true});
+//   source.Start();
+//   source.PollIfDue();    // the first list, on this thread
+//   runner.RunUntilIdle();
+//   clock.AdvanceTo(source.NextPollTime());
+//
 // PushSource is for watch-style inputs: the user's own thread calls Set,
 // Delete, Replace, MarkSynced and MarkLostSync.
 //
@@ -31,8 +42,9 @@
 // Shutdown order: Stop() the sources, then the syncer, then the runner; then
 // destroy them. Posts after the runner stopped are refused and logged.
 //
-// Thread safety: SetFilter on the runner thread; Start/Stop on the owner
-// thread; PushSource's Set/Delete/Replace/Mark* from any thread.
+// Thread safety: SetFilter on the runner thread; Start/Stop and PollIfDue on
+// the owner thread; Trigger, NextPollTime and stats from any thread;
+// PushSource's Set/Delete/Replace/Mark* from any thread.
 #ifndef SETPOINT_PROCESSOR_SOURCE_H_
 #define SETPOINT_PROCESSOR_SOURCE_H_
 
@@ -159,6 +171,10 @@ struct PollingSourceOptions {
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
+  // No thread: the owner lists by calling PollIfDue() (tests on a simulated
+  // clock).
+  // Default: false.
+  bool manual = false;
 };
 
 // Counters for operators and tests.
@@ -180,13 +196,25 @@ class PollingSource : public Source<K, V> {
   // Calls Stop().
   ~PollingSource() override { Stop(); }
 
-  // Starts the thread ("sp-source"), which lists at once.
-  // kFailedPrecondition if already started.
+  // Starts the thread ("sp-source"), which lists at once; in manual mode
+  // starts nothing. kFailedPrecondition if already started.
   absl::Status Start();
   // Cancels a list in progress (its context) and joins. Idempotent.
   void Stop();
   // Lists again now instead of at the end of the interval (any thread).
   void Trigger();
+
+  // Manual mode, owner thread, between Start() and Stop(): lists once, on
+  // the calling thread, if a list is due now on the source's clock (see
+  // NextPollTime), and posts the changes to the store as the thread would.
+  // Returns whether it listed; false when not due, not in manual mode, not
+  // started or stopped.
+  bool PollIfDue();
+  // When the next list is due: absl::InfinitePast() when it is due now (the
+  // first list, after Trigger() or a filter change, or once the time came);
+  // otherwise the end of the last list plus the interval (after a good list)
+  // or the backoff (after a failed one).
+  absl::Time NextPollTime() const;
 
   PollingSourceStats stats() const {
     MutexLock l(&mu_);
@@ -197,7 +225,13 @@ class PollingSource : public Source<K, V> {
   void OnFilterChanged() override { Trigger(); }
 
  private:
+  // The thread: polls whenever a list is due, else waits on the clock.
   void Loop(std::stop_token stop);
+  // Whoever drives the source (the thread, or the owner in manual mode):
+  // lists once under `background` (each list gets its own timeout), posts
+  // the changes and sets when the next list is due. Returns false when
+  // `background` was cancelled during the list: the result is not used.
+  bool PollOnce(const Context& background);
   absl::StatusOr<Map> ListOnce(const Context& ctx);
   bool Equal(const V& a, const V& b) const {
     return options_.equal ? options_.equal(a, b) : a == b;
@@ -208,10 +242,30 @@ class PollingSource : public Source<K, V> {
   Clock* const clock_;
   mutable Mutex mu_;
   CondVar cv_;
+  // Trigger() or a filter change: list now.
   bool triggered_ ABSL_GUARDED_BY(mu_) = false;
+  // When the next list is due, if not triggered; InfinitePast() before the
+  // first.
+  absl::Time next_poll_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   PollingSourceStats stats_ ABSL_GUARDED_BY(mu_);
+
+  // The driver's state, touched only by whichever drives the source.
+  ThreadChecker driver_;
+  // The last good list, filtered, under `last_generation_`.
+  Map last_ ABSL_GUARDED_BY(driver_);
+  uint64_t last_generation_ ABSL_GUARDED_BY(driver_) = 0;
+  // `last_` is a complete list under last_generation_.
+  bool have_list_ ABSL_GUARDED_BY(driver_) = false;
+  // The store was told it is out of sync (or never was in sync).
+  bool lost_ ABSL_GUARDED_BY(driver_) = true;
+  // std::mt19937_64, not absl::BitGen: Debian's prebuilt Abseil seeds BitGen
+  // from a pool ThreadSanitizer reports as racing between threads.
+  std::mt19937_64 jitter_ ABSL_GUARDED_BY(driver_);
+
   std::jthread thread_;
+  // Owner thread only.
   bool started_ = false;
+  bool stopped_ = false;
 };
 
 template <class K, class V>
@@ -281,7 +335,8 @@ PollingSource<K, V>::PollingSource(Runner* runner, Store<K, V>* store,
     : Source<K, V>(runner, store, options.logger),
       list_(std::move(list)),
       options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      jitter_(std::random_device{}()) {
   if (options_.lose_sync_after < 1) options_.lose_sync_after = 1;
 }
 
@@ -292,6 +347,7 @@ absl::Status PollingSource<K, V>::Start() {
                                          options_.name + ": already started");
   }
   started_ = true;
+  if (options_.manual) return absl::OkStatus();
   thread_ = std::jthread([this](std::stop_token stop) {
     pthread_setname_np(pthread_self(), "sp-source");
     Loop(stop);
@@ -301,6 +357,7 @@ absl::Status PollingSource<K, V>::Start() {
 
 template <class K, class V>
 void PollingSource<K, V>::Stop() {
+  if (started_) stopped_ = true;
   if (!thread_.joinable()) return;
   thread_.request_stop();
   {
@@ -318,6 +375,22 @@ void PollingSource<K, V>::Trigger() {
 }
 
 template <class K, class V>
+bool PollingSource<K, V>::PollIfDue() {
+  if (!options_.manual || !started_ || stopped_) return false;
+  if (NextPollTime() > clock_->Now()) return false;
+  PollOnce(Context::Background(clock_));
+  return true;
+}
+
+template <class K, class V>
+absl::Time PollingSource<K, V>::NextPollTime() const {
+  const absl::Time now = clock_->Now();
+  MutexLock l(&mu_);
+  if (triggered_ || next_poll_ <= now) return absl::InfinitePast();
+  return next_poll_;
+}
+
+template <class K, class V>
 absl::StatusOr<absl::flat_hash_map<K, V>> PollingSource<K, V>::ListOnce(
     const Context& ctx) {
   try {
@@ -331,95 +404,98 @@ absl::StatusOr<absl::flat_hash_map<K, V>> PollingSource<K, V>::ListOnce(
 
 template <class K, class V>
 void PollingSource<K, V>::Loop(std::stop_token stop) {
-  using Sync = typename StoreUpdate<K, V>::Sync;
-  Map last;
-  uint64_t last_generation = 0;
-  bool have_list = false;  // `last` is a complete list under last_generation.
-  bool lost = true;        // The store was told it is out of sync.
-  // std::mt19937_64, not absl::BitGen: Debian's prebuilt Abseil seeds BitGen
-  // from a pool ThreadSanitizer reports as racing between threads.
-  std::mt19937_64 jitter(std::random_device{}());
   const Context background(stop, clock_);
   while (!stop.stop_requested()) {
-    {
-      MutexLock l(&mu_);
-      triggered_ = false;
-    }
-    auto [filter, generation] = this->CurrentFilter();
-    Context ctx = options_.list_timeout > absl::ZeroDuration()
-                      ? background.WithTimeout(options_.list_timeout)
-                      : background;
-    absl::StatusOr<Map> listed = ListOnce(ctx);
-    if (stop.stop_requested()) break;
-    absl::Duration wait = options_.interval;
-    if (!listed.ok()) {
-      int64_t failures;
-      {
-        MutexLock l(&mu_);
-        ++stats_.lists;
-        ++stats_.list_failures;
-        failures = ++stats_.consecutive_failures;
-      }
-      wait = BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
-                          std::uniform_real_distribution<double>(0, 1)(jitter));
-      SPDLOG_LOGGER_WARN(this->logger_,
-                         "list failed source={} failures={} retry_in={}: {}",
-                         options_.name, failures, wait, listed.status());
-      if (!lost && failures >= options_.lose_sync_after) {
-        lost = true;
-        this->Post({.generation = generation, .sync = Sync::kLostSync},
-                   "polling source lost sync");
-        SPDLOG_LOGGER_WARN(this->logger_, "source lost sync source={}",
-                           options_.name);
-      }
-    } else {
-      Map now;
-      now.reserve(listed->size());
-      for (auto& [key, value] : *listed) {
-        if (!filter || filter(key)) now.emplace(key, std::move(value));
-      }
-      StoreUpdate<K, V> update{.generation = generation};
-      if (!have_list || generation != last_generation) {
-        // First list, or the filter changed: send everything.
-        update.replace = true;
-        update.sets.reserve(now.size());
-        for (const auto& kv : now) update.sets.push_back(kv);
-      } else {
-        for (const auto& [key, value] : now) {
-          auto it = last.find(key);
-          if (it == last.end() || !Equal(it->second, value)) {
-            update.sets.emplace_back(key, value);
-          }
-        }
-        for (const auto& [key, value] : last) {
-          if (!now.contains(key)) update.deletes.push_back(key);
-        }
-      }
-      // A filter change made the store lose sync; the replace restores it.
-      if (lost || update.replace) update.sync = Sync::kSynced;
-      int64_t changes =
-          static_cast<int64_t>(update.sets.size() + update.deletes.size());
-      if (changes > 0 || update.replace || lost) {
-        this->Post(std::move(update), "polling source list");
-      }
-      if (lost) {
-        SPDLOG_LOGGER_INFO(this->logger_, "source in sync source={} keys={}",
-                           options_.name, now.size());
-      }
-      lost = false;
-      last = std::move(now);
-      last_generation = generation;
-      have_list = true;
-      MutexLock l(&mu_);
-      ++stats_.lists;
-      stats_.consecutive_failures = 0;
-      stats_.changes_posted += changes;
-    }
+    if (!PollOnce(background)) break;
     MutexLock l(&mu_);
     clock_->AwaitWithDeadline(
-        &mu_, &cv_, clock_->Now() + wait, stop,
+        &mu_, &cv_, next_poll_, stop,
         [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return triggered_; });
   }
+}
+
+template <class K, class V>
+bool PollingSource<K, V>::PollOnce(const Context& background) {
+  SETPOINT_DCHECK_THREAD(driver_);
+  using Sync = typename StoreUpdate<K, V>::Sync;
+  {
+    MutexLock l(&mu_);
+    triggered_ = false;
+  }
+  auto [filter, generation] = this->CurrentFilter();
+  Context ctx = options_.list_timeout > absl::ZeroDuration()
+                    ? background.WithTimeout(options_.list_timeout)
+                    : background;
+  absl::StatusOr<Map> listed = ListOnce(ctx);
+  if (background.Cancelled()) return false;
+  absl::Duration wait = options_.interval;
+  if (!listed.ok()) {
+    int64_t failures;
+    {
+      MutexLock l(&mu_);
+      ++stats_.lists;
+      ++stats_.list_failures;
+      failures = ++stats_.consecutive_failures;
+    }
+    wait = BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
+                        std::uniform_real_distribution<double>(0, 1)(jitter_));
+    SPDLOG_LOGGER_WARN(this->logger_,
+                       "list failed source={} failures={} retry_in={}: {}",
+                       options_.name, failures, wait, listed.status());
+    if (!lost_ && failures >= options_.lose_sync_after) {
+      lost_ = true;
+      this->Post({.generation = generation, .sync = Sync::kLostSync},
+                 "polling source lost sync");
+      SPDLOG_LOGGER_WARN(this->logger_, "source lost sync source={}",
+                         options_.name);
+    }
+  } else {
+    Map now;
+    now.reserve(listed->size());
+    for (auto& [key, value] : *listed) {
+      if (!filter || filter(key)) now.emplace(key, std::move(value));
+    }
+    StoreUpdate<K, V> update{.generation = generation};
+    if (!have_list_ || generation != last_generation_) {
+      // First list, or the filter changed: send everything.
+      update.replace = true;
+      update.sets.reserve(now.size());
+      for (const auto& kv : now) update.sets.push_back(kv);
+    } else {
+      for (const auto& [key, value] : now) {
+        auto it = last_.find(key);
+        if (it == last_.end() || !Equal(it->second, value)) {
+          update.sets.emplace_back(key, value);
+        }
+      }
+      for (const auto& [key, value] : last_) {
+        if (!now.contains(key)) update.deletes.push_back(key);
+      }
+    }
+    // A filter change made the store lose sync; the replace restores it.
+    if (lost_ || update.replace) update.sync = Sync::kSynced;
+    int64_t changes =
+        static_cast<int64_t>(update.sets.size() + update.deletes.size());
+    if (changes > 0 || update.replace || lost_) {
+      this->Post(std::move(update), "polling source list");
+    }
+    if (lost_) {
+      SPDLOG_LOGGER_INFO(this->logger_, "source in sync source={} keys={}",
+                         options_.name, now.size());
+    }
+    lost_ = false;
+    last_ = std::move(now);
+    last_generation_ = generation;
+    have_list_ = true;
+    MutexLock l(&mu_);
+    ++stats_.lists;
+    stats_.consecutive_failures = 0;
+    stats_.changes_posted += changes;
+  }
+  const absl::Time ended = clock_->Now();
+  MutexLock l(&mu_);
+  next_poll_ = ended + wait;
+  return true;
 }
 
 }  // namespace setpoint
