@@ -1,207 +1,187 @@
-// sharded: several pods share the work of one controller through a
-// NodeRegistry. Each pod runs a NodeManager with nodes of kind "jobs"; the
-// ring of shards is split between all live nodes of all pods, and a node
-// works only on the jobs whose key falls in its shard range.
+// sharded: a controller whose nodes split the records of a DNS zone
+// between them, plus a leader-only plan, built with setpoint::Controller.
 //
-//   sharded --kinds.jobs.count=2                      # one pod, no Redis
+//   sharded --demo                  # three pods in one process, a handoff
+//   sharded                         # one pod, in-memory registry
 //   sharded --pod_id=a --registry.type=redis --registry.address=127.0.0.1:6379
-//   sharded --config=pod.yaml --duration=30s
 //
-// Every node reports its range, its fencing token and how many of the 1,000
-// jobs it owns. Kill a pod (Ctrl-C hands its shards over at once; kill -9
-// makes the others wait for its lease) and watch the others take over.
-// Flags are the PodConfig keys (--lease=3s, --poll_interval=500ms, ...) plus
-// --config=<yaml>, --duration=<d> (0: until Ctrl-C) and --jobs=<n>.
-// Exit codes: 0 done, 2 bad configuration.
-
-#include <signal.h>
+// The controller itself is records_controller.h; the fake DNS API (which
+// checks fencing tokens) is records_api.h. Without --demo this is a pod
+// run by setpoint::PodMain: --help lists the flags; exit codes 0 done,
+// 1 failed, 2 bad configuration.
 
 #include <cstdio>
-#include <future>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "setpoint/base/context.h"
-#include "setpoint/base/format.h"
-#include "setpoint/base/status.h"
+#include "records_api.h"
+#include "records_controller.h"
 #include "setpoint/node/node_manager.h"
-#include "setpoint/node/pod_config.h"
-#include "setpoint/node/shard.h"
-#include "setpoint/processor/runner.h"
-#include "setpoint/processor/source.h"
-#include "setpoint/processor/store.h"
 #include "setpoint/registry/in_memory_node_registry.h"
-#include "setpoint/registry/redis_node_registry.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace sharded {
 namespace {
 
-using Jobs = absl::flat_hash_map<std::string, int>;
-
-// The "world": a fixed catalogue of jobs every pod can list.
-Jobs Catalogue(int n) {
-  Jobs jobs;
-  for (int i = 0; i < n; ++i) jobs[absl::StrCat("job-", i)] = i;
-  return jobs;
+void Fill(Catalog& catalog, int from, int to, const char* prefix) {
+  for (int i = from; i < to; ++i) {
+    catalog.Set(absl::StrFormat("host-%04d.example.com", i),
+                Record{absl::StrFormat("%s.%d.%d", prefix, i / 250, i % 250)});
+  }
 }
 
-// One node: a Runner with a Store of the jobs in its range, fed by a
-// PollingSource. UpdateShardRange re-scopes the source (the store forgets
-// jobs that left the range) and returns once that is done on the runner.
-class JobsNode : public setpoint::Node {
- public:
-  JobsNode(const setpoint::NodeInfo& info, int jobs,
-           std::shared_ptr<spdlog::logger> logger)
-      : info_(info),
-        logger_(std::move(logger)),
-        runner_({.name = info.id, .logger = logger_}),
-        store_({.name = "jobs", .logger = logger_}),
-        source_(&runner_, &store_,
-                [jobs](const setpoint::Context&) -> absl::StatusOr<Jobs> {
-                  return Catalogue(jobs);
-                },
-                {.name = info.id,
-                 .interval = absl::Seconds(1),
-                 .logger = logger_}) {
-    // Nothing is ours until the manager says so.
-    source_.SetFilter([](const std::string&) { return false; });
-    store_.AddSyncObserver([this](bool in_sync) {
-      if (!in_sync) return;
-      logger_->info("node={} range={} token={} jobs={}", info_.id, range_,
-                    token_, store_.size());
-    });
+// Polls `done` every 20 ms for up to `limit`; returns whether it held.
+bool WaitFor(const std::function<bool()>& done, absl::Duration limit) {
+  absl::Time until = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
   }
+  return true;
+}
 
-  absl::Status Run(const setpoint::Context& ctx) override {
-    SETPOINT_RETURN_IF_ERROR(runner_.Start());
-    SETPOINT_RETURN_IF_ERROR(source_.Start());
-    (void)ctx.Wait(absl::InfiniteDuration());  // Until the pod stops.
-    source_.Stop();
-    runner_.Stop();
-    return absl::OkStatus();
+struct Fleet {
+  std::vector<std::unique_ptr<setpoint::NodeManager>> pods;
+
+  // Every live records node works on shards and one zone node leads.
+  bool Shaped() const {
+    int leaders = 0;
+    uint32_t covered = 0;
+    for (const auto& pod : pods) {
+      if (pod == nullptr) continue;
+      for (const setpoint::NodeState& n : pod->Nodes()) {
+        if (n.kind == "zone") leaders += n.active.range.Empty() ? 0 : 1;
+        if (n.kind == "records") covered += n.active.range.size();
+      }
+    }
+    return leaders == 1 && covered == setpoint::kDefaultRingSize;
   }
-
-  absl::Status UpdateShardRange(const setpoint::Context&,
-                                const setpoint::ShardAssignment& a) override {
-    std::promise<void> done;
-    uint32_t ring = info_.ring_size;
-    absl::Status posted = runner_.Post(
-        [&, ring] {
-          range_ = a.range;
-          token_ = a.token;
-          source_.SetFilter([range = a.range, ring](const std::string& key) {
-            return range.Contains(setpoint::ShardOf(key, ring));
-          });
-          done.set_value();
-        },
-        "update shard range");
-    // Returning means: no work outside the new range any more.
-    if (posted.ok()) done.get_future().wait();
-    return absl::OkStatus();
+  void Print() const {
+    for (const auto& pod : pods) {
+      if (pod == nullptr) continue;
+      for (const setpoint::NodeState& n : pod->Nodes()) {
+        std::printf(
+            "    %-18s %-13s token %llu%s\n", n.id.c_str(),
+            n.active.range.ToString().c_str(),
+            static_cast<unsigned long long>(n.active.token),
+            n.kind == "zone" && !n.active.range.Empty() ? "  (leader)" : "");
+      }
+    }
   }
-
- private:
-  const setpoint::NodeInfo info_;
-  std::shared_ptr<spdlog::logger> logger_;
-  setpoint::Runner runner_;
-  setpoint::Store<std::string, int> store_;
-  setpoint::PollingSource<std::string, int> source_;
-  setpoint::ShardRange range_;  // Runner only.
-  uint64_t token_ = 0;          // Runner only.
 };
 
-int Main(int argc, char** argv) {
-  auto logger = spdlog::stdout_color_mt("sharded");
-  logger->set_pattern("%H:%M:%S.%e %^%l%$ %v");
-  std::string config_path;
-  absl::Duration duration = absl::ZeroDuration();
-  int jobs = 1000;
-  std::vector<std::string> overrides;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (absl::StartsWith(arg, "--config=")) {
-      config_path = arg.substr(9);
-    } else if (absl::StartsWith(arg, "--duration=")) {
-      if (!absl::ParseDuration(arg.substr(11), &duration)) {
-        std::fprintf(stderr, "bad --duration: %s\n", arg.c_str());
-        return 2;
-      }
-    } else if (absl::StartsWith(arg, "--jobs=")) {
-      if (!absl::SimpleAtoi(arg.substr(7), &jobs) || jobs < 0) {
-        std::fprintf(stderr, "bad --jobs: %s\n", arg.c_str());
-        return 2;
-      }
-    } else {
-      overrides.push_back(arg);
+int Demo(int records) {
+  spdlog::set_level(spdlog::level::warn);  // The library's own lines.
+  RecordsApi api;
+  Catalog catalog;
+  RecordClient client(&api);
+  Fill(catalog, 0, records, "10.0");
+  setpoint::InMemoryNodeRegistry registry;
+  std::vector<setpoint::NodeKindOptions> kinds = {
+      RecordsKind(&api, &catalog, &client).ToNodeKind(),
+      ZoneKind(&api).ToNodeKind()};
+  Fleet fleet;
+  for (const char* id : {"pod-a", "pod-b", "pod-c"}) {
+    fleet.pods.push_back(std::make_unique<setpoint::NodeManager>(
+        setpoint::NodeManagerOptions{.pod_id = id,
+                                     .kinds = kinds,
+                                     .registry = &registry,
+                                     .poll_interval = absl::Milliseconds(100),
+                                     .lease = absl::Seconds(1)}));
+    if (absl::Status s = fleet.pods.back()->Start(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
     }
   }
-  if (config_path.empty())
-    overrides.insert(overrides.begin(), "--kinds.jobs.count=2");
-  absl::StatusOr<setpoint::PodConfig> config =
-      setpoint::LoadPodConfig(config_path, overrides);
-  if (!config.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 std::string(config.status().message()).c_str());
-    return 2;
-  }
-  logger->info("config {}", config->ToString());
+  auto converged = [&] {
+    return api.records() == catalog.Get() &&
+           api.serial() == static_cast<int64_t>(catalog.Get().size());
+  };
+  auto step = [&](const char* what) {
+    absl::Time start = absl::Now();
+    bool ok = WaitFor([&] { return fleet.Shaped() && converged(); },
+                      absl::Seconds(60));
+    RecordsApiStats s = api.stats();
+    std::printf(
+        "%s: %s in %s (records %zu, serial %lld, writes %lld, "
+        "injected 503/429 %lld)\n",
+        what, ok ? "converged" : "NOT converged",
+        absl::FormatDuration(
+            absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
+            .c_str(),
+        api.records().size(), static_cast<long long>(api.serial()),
+        static_cast<long long>(s.writes),
+        static_cast<long long>(s.injected_errors));
+    return ok;
+  };
 
-  // The registry: in memory (this process only) or Redis (many pods).
-  std::unique_ptr<setpoint::NodeRegistry> registry;
-  if (config->registry_type == "redis") {
-    config->redis.logger = logger;
-    auto redis = setpoint::RedisNodeRegistry::Create(config->redis);
-    if (!redis.ok()) {
-      std::fprintf(stderr, "%s\n", redis.status().ToString().c_str());
-      return 2;
+  std::printf("3 pods x (2 records nodes + 1 zone node) share the ring:\n");
+  bool ok = step("initial sync");
+  fleet.Print();
+
+  Fill(catalog, records, records + 50, "10.1");  // 50 new records
+  Fill(catalog, 0, 20, "10.2");                  // 20 new addresses
+  for (int i = 20; i < 30; ++i) {
+    catalog.Remove(absl::StrFormat("host-%04d.example.com", i));
+  }
+  ok = step("catalog changed (+50, ~20, -10)") && ok;
+
+  // Stop the pod that leads: its shards and the leadership move at once.
+  size_t leader = 0;
+  for (size_t i = 0; i < fleet.pods.size(); ++i) {
+    for (const setpoint::NodeState& n : fleet.pods[i]->Nodes()) {
+      if (n.kind == "zone" && !n.active.range.Empty()) leader = i;
     }
-    registry = std::move(*redis);
-  } else {
-    registry = std::make_unique<setpoint::InMemoryNodeRegistry>();
   }
+  std::printf("stopping %s (the leader): it hands its shards over\n",
+              fleet.pods[leader]->pod_id().c_str());
+  fleet.pods[leader]->Stop();
+  fleet.pods[leader].reset();
+  Fill(catalog, records + 50, records + 80, "10.3");
+  ok = step("after the handoff (+30)") && ok;
+  fleet.Print();
 
-  setpoint::NodeManagerOptions options = config->manager;
-  options.registry = registry.get();
-  options.logger = logger;
-  for (auto& kind : options.kinds) {
-    kind.factory = [jobs, logger](const setpoint::NodeInfo& info) {
-      return std::make_unique<JobsNode>(info, jobs, logger);
-    };
+  for (auto& pod : fleet.pods) {
+    if (pod != nullptr) pod->Stop();
   }
-
-  // Ctrl-C / SIGTERM: a graceful stop, taken by sigwait on this thread.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  setpoint::NodeManager manager(std::move(options));
-  if (absl::Status s = manager.Start(); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (duration > absl::ZeroDuration()) {
-    timespec timeout = absl::ToTimespec(duration);
-    sigtimedwait(&signals, nullptr, &timeout);
-  } else {
-    int sig = 0;
-    sigwait(&signals, &sig);
-  }
-  logger->info("stopping: handing the shards over");
-  manager.Stop();
-  return 0;
+  RecordsApiStats s = api.stats();
+  std::printf(
+      "writes refused: stale token %lld, not the owner %lld; "
+      "most calls at once for one record: %lld\n",
+      static_cast<long long>(s.stale_refused),
+      static_cast<long long>(s.unowned_refused),
+      static_cast<long long>(s.max_concurrent_per_key));
+  ok = ok && s.unowned_refused == 0 && s.max_concurrent_per_key <= 1;
+  std::printf("%s\n", ok ? "demo: OK" : "demo: FAILED");
+  return ok ? 0 : 1;
 }
 
 }  // namespace
 }  // namespace sharded
 
-int main(int argc, char** argv) { return sharded::Main(argc, argv); }
+int main(int argc, char** argv) {
+  int records = 1000;
+  bool demo = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--demo") demo = true;
+  }
+  if (demo) {
+    for (int i = 1; i < argc; ++i) {
+      std::string arg = argv[i];
+      if (arg.rfind("--records=", 0) == 0 &&
+          !absl::SimpleAtoi(arg.substr(10), &records)) {
+        std::fprintf(stderr, "bad --records: %s\n", arg.c_str());
+        return 2;
+      }
+    }
+    return sharded::Demo(records);
+  }
+  return 0;
+}

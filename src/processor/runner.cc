@@ -929,6 +929,15 @@ void Runner::Loop() {
   current_.store(std::thread::id{});
 }
 
+absl::Time Runner::NextTimerTime() const {
+  TimerHandle::Shared& s = *shared_;
+  MutexLock l(&s.mu);
+  absl::Time next =
+      s.heap.empty() ? absl::InfiniteFuture() : s.heap.front().when;
+  if (s.due_pos < s.due.size()) next = std::min(next, s.due[s.due_pos].when);
+  return next;
+}
+
 int64_t Runner::RunUntilIdle() {
   if (thread_.joinable()) return 0;
   const std::thread::id previous =

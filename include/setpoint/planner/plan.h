@@ -19,6 +19,7 @@
 #ifndef SETPOINT_PLANNER_PLAN_H_
 #define SETPOINT_PLANNER_PLAN_H_
 
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -61,6 +62,19 @@ class PlanFunc final : public Plan {
 
 template <typename Fn>
 PlanFunc(std::string, Fn) -> PlanFunc<Fn>;
+
+// Makes a plan from a name and a lambda, as MakeProcedure does for steps:
+//   auto plan = MakePlan("zone serial", [&](const Context& ctx)
+//                            -> absl::StatusOr<Procedures> { ... });
+template <typename Fn>
+std::unique_ptr<Plan> MakePlan(std::string name, Fn&& fn) {
+  static_assert(std::is_invocable_r_v<absl::StatusOr<Procedures>,
+                                      std::decay_t<Fn>&, const Context&>,
+                "a plan body must be callable as "
+                "absl::StatusOr<Procedures>(const Context&)");
+  return std::make_unique<PlanFunc<std::decay_t<Fn>>>(std::move(name),
+                                                      std::forward<Fn>(fn));
+}
 
 }  // namespace setpoint
 

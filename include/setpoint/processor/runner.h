@@ -182,6 +182,11 @@ class Runner {
   // many ran. Calling it after Start() returns 0 and runs nothing.
   int64_t RunUntilIdle();
 
+  // When the earliest pending timer is due (a cancelled one may still be
+  // counted), or InfiniteFuture. For manual-mode drivers that move a
+  // simulated clock to the next moment something can run. Thread-safe.
+  absl::Time NextTimerTime() const;
+
   // True on the runner's thread (or inside RunUntilIdle).
   bool IsCurrent() const;
 

@@ -1,0 +1,440 @@
+// Controller: a Node built from declared pieces — sources that poll the
+// world and the user's data into stores, syncers that drive the world
+// towards the desired state through the user's clients, and plans run
+// again and again — so a sharded controller is a build function, not a
+// Node subclass.
+//
+//   setpoint::ControllerKind records{
+//       .kind = "records",
+//       .count = 4,
+//       .build = [&](setpoint::ControllerBuilder& b) {
+//         auto* seen = b.Poll<std::string, Record>(
+//             "seen", [&](const setpoint::Context& ctx) { return api.List(ctx);
+//             });
+//         auto* want = b.Poll<std::string, Record>(
+//             "want", [&](const setpoint::Context&) { return catalog.Records();
+//             });
+//         b.Sync<std::string, Record, Record>("records", &client, seen, want);
+//         return absl::OkStatus();
+//       }};
+//   manager_options.kinds.push_back(records.ToNodeKind());
+//
+// What the controller guarantees (docs/controller.md):
+// - Fresh pieces for every Run: the build function runs again, so a node
+//   whose Run failed comes back whole.
+// - Pieces start in the order they were declared (a syncer after the stores
+//   it reads) and stop in reverse, the runner last.
+// - Nothing acts before the first assignment or with an empty range: the
+//   stores hold no key, so no client call starts, and plans are paused.
+// - UpdateShardRange(a) pauses every plan (its execution is cancelled and
+//   has ended), re-scopes every store and syncer to a.range in one runner
+//   event (calls for keys outside it are cancelled; those not started never
+//   start), waits until none of those calls runs, then resumes the plans
+//   when a.range is not empty. If anything is still running after
+//   handoff_timeout it returns kDeadlineExceeded, so the manager keeps the
+//   shards recorded as this node's and asks again.
+// - Every client call and plan step reads the assignment it was started
+//   under with AssignmentOf(ctx) (node id, range, fencing token), to send
+//   to the system it writes to. A write refused as stale (StaleOwnerError)
+//   is counted and not retried under that assignment.
+// - Leader-only work: declare it in a LeaderKind, a one-shard kind whose
+//   single shard one node of the whole fleet owns at a time.
+//
+// Thread safety: the build function runs on the node's Run thread; store
+// listeners, OnAssignment hooks and syncer state on the node's runner; list
+// functions on their sources' threads; clients on updater threads; plans on
+// their loops' threads. Run and UpdateShardRange follow Node's rules.
+#ifndef SETPOINT_CONTROLLER_CONTROLLER_H_
+#define SETPOINT_CONTROLLER_CONTROLLER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "setpoint/base/clock.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/node/node.h"
+#include "setpoint/node/node_manager.h"
+#include "setpoint/node/shard.h"
+#include "setpoint/planner/plan.h"
+#include "setpoint/planner/reconcile_loop.h"
+#include "setpoint/processor/runner.h"
+#include "setpoint/processor/source.h"
+#include "setpoint/processor/store.h"
+#include "setpoint/processor/syncer.h"
+#include "spdlog/logger.h"
+
+namespace setpoint {
+
+// What a controller's node owns right now; every client call and plan
+// step can read the one it was started under (AssignmentOf).
+struct Assignment {
+  std::string node_id;
+  std::string kind;
+  ShardRange range = {};
+  uint64_t token = 0;  // Fencing token: only grows for a shard.
+  uint32_t ring_size = kDefaultRingSize;
+
+  // True when `key` falls in `range`.
+  bool Owns(std::string_view key) const {
+    return range.Contains(ShardOf(key, ring_size));
+  }
+};
+
+// The assignment `ctx` was started under, or nullptr outside a controller.
+inline const Assignment* AssignmentOf(const Context& ctx) {
+  return ctx.Value<Assignment>();
+}
+
+// The shard of a key. Overload ShardOfKey(const MyKey&, uint32_t) in your
+// key's namespace for keys that are not strings.
+inline uint32_t ShardOfKey(std::string_view key, uint32_t ring_size) {
+  return ShardOf(key, ring_size);
+}
+
+struct ControllerOptions {
+  // How long UpdateShardRange waits for calls and plan steps outside the
+  // new range to return after their cancellation, before it reports
+  // failure (the manager then keeps the shards and asks again).
+  // Default: 2 s.
+  absl::Duration handoff_timeout = absl::Seconds(2);
+  // Time for the runner, sources, syncers and loops.
+  // Default: Clock::Real().
+  Clock* clock = nullptr;
+  // No threads: the runner, sources, syncers and loops run only when
+  // RunUntilQuiet() is called, on the caller's thread (deterministic tests;
+  // setpoint::testing::ControllerHarness drives it).
+  // Default: false.
+  bool manual = false;
+  // Default: spdlog's default logger at construction.
+  std::shared_ptr<spdlog::logger> logger = nullptr;
+};
+
+class ControllerBuilder;
+using ControllerBuildFn = std::function<absl::Status(ControllerBuilder&)>;
+
+namespace internal {
+
+// One declared piece, type-erased for the controller.
+class ControllerPiece {
+ public:
+  virtual ~ControllerPiece() = default;
+  virtual absl::Status Start() { return absl::OkStatus(); }
+  virtual void Stop() {}
+  // Relay thread, before the re-scope: stop work tied to the old
+  // assignment (cancel and wait).
+  virtual absl::Status Suspend(const Context& /*ctx*/) {
+    return absl::OkStatus();
+  }
+  // Runner thread: re-scope to `a`; `values` carries it for calls.
+  virtual void Rescope(const Assignment& /*a*/, const Context& /*values*/) {}
+  // Relay thread, after the re-scope: wait until nothing outside a.range
+  // runs.
+  virtual absl::Status AwaitOutside(const Assignment& /*a*/,
+                                    const Context& /*ctx*/) {
+    return absl::OkStatus();
+  }
+  // Relay thread: the new assignment is in place.
+  virtual void Resume(const Assignment& /*a*/) {}
+  // Manual mode: runs what is due now; returns how much ran.
+  virtual int RunDue(const Context& /*ctx*/) { return 0; }
+  // Manual mode: when something is due next.
+  virtual absl::Time NextDue() const { return absl::InfiniteFuture(); }
+};
+
+// One Run's pieces and runner.
+struct ControllerRun {
+  ControllerRun(const NodeInfo& info, const ControllerOptions& options);
+
+  // The assignment in force, for plan contexts (any thread).
+  std::shared_ptr<const Assignment> Current() const;
+  void SetCurrent(std::shared_ptr<const Assignment> a);
+
+  const NodeInfo info;
+  const ControllerOptions options;
+  Runner runner;
+  std::vector<std::unique_ptr<ControllerPiece>> pieces;  // Declared order.
+  std::vector<std::function<void(const Assignment&)>> on_assignment;
+  std::vector<std::shared_ptr<void>> owned;
+
+ private:
+  mutable Mutex mu_;
+  std::shared_ptr<const Assignment> current_ ABSL_GUARDED_BY(mu_);
+};
+
+template <class K>
+KeyFilter<K> FilterFor(const Assignment& a) {
+  if (a.range.Empty()) return [](const K&) { return false; };
+  return [range = a.range, ring = a.ring_size](const K& key) {
+    return range.Contains(ShardOfKey(key, ring));
+  };
+}
+
+template <class K, class V>
+class PollPiece final : public ControllerPiece {
+ public:
+  using ListFn = typename PollingSource<K, V>::ListFn;
+  PollPiece(ControllerRun* run, std::string name, ListFn list,
+            PollingSourceOptions<V> options)
+      : store_({.name = name,
+                .equal = options.equal,
+                .logger = run->options.logger}),
+        source_(&run->runner, &store_, std::move(list),
+                Adjust(run, std::move(name), std::move(options))) {
+    // Nothing is ours before the first assignment.
+    source_.SetFilter([](const K&) { return false; });
+  }
+  Store<K, V>* store() { return &store_; }
+  PollingSource<K, V>* source() { return &source_; }
+
+  absl::Status Start() override { return source_.Start(); }
+  void Stop() override { source_.Stop(); }
+  void Rescope(const Assignment& a, const Context&) override {
+    source_.SetFilter(FilterFor<K>(a));
+  }
+  int RunDue(const Context&) override { return source_.PollIfDue() ? 1 : 0; }
+  absl::Time NextDue() const override { return source_.NextPollTime(); }
+
+ private:
+  static PollingSourceOptions<V> Adjust(ControllerRun* run, std::string name,
+                                        PollingSourceOptions<V> o) {
+    o.name = run->info.id + "/" + name;
+    if (o.clock == nullptr) o.clock = run->options.clock;
+    if (o.logger == nullptr) o.logger = run->options.logger;
+    o.manual = run->options.manual;
+    return o;
+  }
+
+  Store<K, V> store_;
+  PollingSource<K, V> source_;
+};
+
+template <class K, class D, class O>
+class SyncPiece final : public ControllerPiece {
+ public:
+  SyncPiece(ControllerRun* run, std::string name, SyncerClient<K, D, O>* client,
+            SyncerOptions<D, O> options)
+      : syncer_(&run->runner, client,
+                Adjust(run, std::move(name), std::move(options))) {
+    syncer_.Reset([](const K&) { return false; });
+  }
+  Syncer<K, D, O>* syncer() { return &syncer_; }
+
+  absl::Status Start() override { return syncer_.Start(); }
+  void Stop() override { syncer_.Stop(); }
+  void Rescope(const Assignment& a, const Context& values) override {
+    syncer_.Reset(FilterFor<K>(a));
+    syncer_.SetCallValues(values);
+  }
+  absl::Status AwaitOutside(const Assignment& a, const Context& ctx) override {
+    return syncer_.AwaitCallsWithin(FilterFor<K>(a), ctx);
+  }
+  int RunDue(const Context&) override { return syncer_.RunQueuedCalls(); }
+
+ private:
+  static SyncerOptions<D, O> Adjust(ControllerRun* run, std::string name,
+                                    SyncerOptions<D, O> o) {
+    o.name = std::move(name);
+    if (o.clock == nullptr) o.clock = run->options.clock;
+    if (o.logger == nullptr) o.logger = run->options.logger;
+    o.manual_updates = run->options.manual;
+    return o;
+  }
+
+  Syncer<K, D, O> syncer_;
+};
+
+class PlanPiece final : public ControllerPiece {
+ public:
+  PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
+            ReconcileLoopOptions options);
+  ReconcileLoop* loop() { return &loop_; }
+
+  absl::Status Start() override;
+  void Stop() override { loop_.Stop(); }
+  absl::Status Suspend(const Context& ctx) override { return loop_.Pause(ctx); }
+  void Resume(const Assignment& a) override {
+    if (!a.range.Empty()) loop_.Resume();
+  }
+  int RunDue(const Context& ctx) override {
+    return loop_.RunIfDue(ctx) ? 1 : 0;
+  }
+  absl::Time NextDue() const override { return loop_.NextRunTime(); }
+
+ private:
+  static ReconcileLoopOptions Adjust(ControllerRun* run,
+                                     ReconcileLoopOptions o);
+
+  const bool manual_;
+  std::unique_ptr<Plan> plan_;
+  ReconcileLoop loop_;
+};
+
+}  // namespace internal
+
+// Declares a controller's pieces; given to the build function once per
+// Run. Pieces it returns pointers to live until that Run ends.
+//
+// Thread safety: the build function's thread only, during the call.
+class ControllerBuilder {
+ public:
+  // A store of `name` filled by `list` every options.interval (a
+  // PollingSource): observed state, or desired state from your own data.
+  // Holds only the keys of the node's range. `list` runs on the source's
+  // own thread: IO is fine there.
+  template <class K, class V, class ListFn>
+  Store<K, V>* Poll(std::string name, ListFn list,
+                    PollingSourceOptions<V> options = {}) {
+    auto piece = std::make_unique<internal::PollPiece<K, V>>(
+        run_, std::move(name),
+        typename internal::PollPiece<K, V>::ListFn(std::move(list)),
+        std::move(options));
+    Store<K, V>* store = piece->store();
+    run_->pieces.push_back(std::move(piece));
+    return store;
+  }
+
+  // A syncer that makes `observed` match `desired` (both stores of this
+  // build) through `client`, which must outlive the controller. Its calls
+  // run on updater threads and read AssignmentOf(ctx).
+  template <class K, class D, class O>
+  Syncer<K, D, O>* Sync(std::string name, SyncerClient<K, D, O>* client,
+                        Store<K, O>* observed, Store<K, D>* desired,
+                        SyncerOptions<D, O> options = {}) {
+    auto piece = std::make_unique<internal::SyncPiece<K, D, O>>(
+        run_, std::move(name), client, std::move(options));
+    Syncer<K, D, O>* syncer = piece->syncer();
+    syncer->ObserveFrom(observed);
+    syncer->DesireFrom(desired);
+    run_->pieces.push_back(std::move(piece));
+    return syncer;
+  }
+
+  // Runs `plan` again and again (a ReconcileLoop on its own thread) while
+  // the node owns shards; around every change of assignment its execution
+  // is cancelled and waited for. Its Create and Do read AssignmentOf(ctx).
+  // The loop's clock and logger are the controller's.
+  ReconcileLoop* Reconcile(std::unique_ptr<Plan> plan,
+                           ReconcileLoopOptions options = {});
+
+  // Runs `hook` on the runner after each re-scope, for pieces wired by
+  // hand (a Transformer, a PushSource's re-list).
+  void OnAssignment(std::function<void(const Assignment&)> hook) {
+    run_->on_assignment.push_back(std::move(hook));
+  }
+  // Keeps `object` alive until this Run ends (destroyed after the pieces).
+  template <class T>
+  T* Own(std::unique_ptr<T> object) {
+    T* raw = object.get();
+    run_->owned.push_back(std::shared_ptr<void>(std::move(object)));
+    return raw;
+  }
+
+  Runner* runner() { return &run_->runner; }
+  Clock* clock() const { return run_->options.clock; }
+  const NodeInfo& node() const { return run_->info; }
+  const std::shared_ptr<spdlog::logger>& logger() const {
+    return run_->options.logger;
+  }
+
+ private:
+  friend class Controller;
+  explicit ControllerBuilder(internal::ControllerRun* run) : run_(run) {}
+  internal::ControllerRun* run_;
+};
+
+// Counters for operators and tests.
+struct ControllerStats {
+  int64_t runs = 0;              // Run calls that built their pieces.
+  int64_t build_failures = 0;    // ...that failed to build or start.
+  int64_t handoffs = 0;          // UpdateShardRange calls that returned OK.
+  int64_t handoff_failures = 0;  // ...that reported work still running.
+};
+
+class Controller : public Node {
+ public:
+  Controller(NodeInfo info, ControllerBuildFn build,
+             ControllerOptions options = {});
+  ~Controller() override;
+
+  // Node: builds fresh pieces, starts them and waits for `ctx`; then stops
+  // them in reverse. A build or start error is returned (the manager
+  // restarts the node after a backoff).
+  absl::Status Run(const Context& ctx) override;
+  // Node: see the file comment.
+  absl::Status UpdateShardRange(const Context& ctx,
+                                const ShardAssignment& assignment) override;
+
+  // The assignment in force (any thread).
+  Assignment assignment() const;
+  ControllerStats stats() const;
+  const NodeInfo& info() const { return info_; }
+
+  // Manual mode (options.manual), for tests on one thread: Start builds
+  // and starts the pieces without threads; RunUntilQuiet runs runner
+  // events, due timers, due lists, queued calls and due plan executions
+  // until nothing more can run before the clock's now, and returns how
+  // many ran; NextWakeTime says when something is due next; Stop stops and
+  // destroys the pieces. The runner of the running pieces, or nullptr.
+  absl::Status Start();
+  int64_t RunUntilQuiet();
+  absl::Time NextWakeTime() const;
+  void Stop();
+  Runner* runner();
+
+ private:
+  absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Build();
+  // Starts the pieces of `run` under the assignment in force.
+  absl::Status StartRun(internal::ControllerRun& run);
+  static void StopRun(internal::ControllerRun& run);
+  std::shared_ptr<const Assignment> MakeAssignment(
+      const ShardAssignment& a) const;
+
+  const NodeInfo info_;
+  const ControllerBuildFn build_;
+  ControllerOptions options_;
+
+  // Held by UpdateShardRange and while a Run starts or stops, so a
+  // re-scope never meets half-built pieces.
+  Mutex update_mu_;
+  std::unique_ptr<internal::ControllerRun> run_ ABSL_GUARDED_BY(update_mu_);
+
+  mutable Mutex mu_;
+  std::shared_ptr<const Assignment> assignment_ ABSL_GUARDED_BY(mu_);
+  ControllerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+// A kind of controller nodes, for a NodeManager or PodMain.
+struct ControllerKind {
+  std::string kind = "";
+  // Nodes of this kind in each pod.
+  // Default: 1.
+  int count = 1;
+  // Default: 4096.
+  uint32_t ring_size = kDefaultRingSize;
+  ControllerBuildFn build = nullptr;
+  ControllerOptions options = {};
+
+  // The kind with a factory that makes a Controller per node.
+  NodeKindOptions ToNodeKind() const;
+};
+
+// A kind whose work runs on one node of the whole fleet at a time: one
+// node per pod, a ring of one shard. Its plans and syncers act only on the
+// node that owns that shard; when it moves, the old leader's work is
+// cancelled and has ended before the new leader starts.
+ControllerKind LeaderKind(std::string kind, ControllerBuildFn build,
+                          ControllerOptions options = {});
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_CONTROLLER_CONTROLLER_H_

@@ -1,0 +1,325 @@
+#include "setpoint/controller/controller.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "setpoint/base/format.h"
+#include "setpoint/base/status.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+namespace internal {
+
+ControllerRun::ControllerRun(const NodeInfo& node,
+                             const ControllerOptions& opts)
+    : info(node),
+      options(opts),
+      runner({.name = node.id, .clock = opts.clock, .logger = opts.logger}) {}
+
+std::shared_ptr<const Assignment> ControllerRun::Current() const {
+  MutexLock l(&mu_);
+  return current_;
+}
+
+void ControllerRun::SetCurrent(std::shared_ptr<const Assignment> a) {
+  MutexLock l(&mu_);
+  current_ = std::move(a);
+}
+
+PlanPiece::PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
+                     ReconcileLoopOptions options)
+    : manual_(run->options.manual),
+      plan_(std::move(plan)),
+      loop_(*plan_, Adjust(run, std::move(options))) {}
+
+ReconcileLoopOptions PlanPiece::Adjust(ControllerRun* run,
+                                       ReconcileLoopOptions o) {
+  o.clock = run->options.clock;
+  if (o.logger == nullptr) o.logger = run->options.logger;
+  // Paused until the node owns shards; every execution runs under the
+  // assignment in force when it starts (it is paused around changes).
+  o.start_paused = true;
+  auto user = std::move(o.execution_context);
+  o.execution_context = [run, user = std::move(user)](const Context& ctx) {
+    Context c = ctx.WithValue(run->Current());
+    return user ? user(c) : c;
+  };
+  return o;
+}
+
+absl::Status PlanPiece::Start() {
+  if (manual_) return absl::OkStatus();  // RunDue drives it.
+  return loop_.Start();
+}
+
+}  // namespace internal
+
+ReconcileLoop* ControllerBuilder::Reconcile(std::unique_ptr<Plan> plan,
+                                            ReconcileLoopOptions options) {
+  auto piece = std::make_unique<internal::PlanPiece>(run_, std::move(plan),
+                                                     std::move(options));
+  ReconcileLoop* loop = piece->loop();
+  run_->pieces.push_back(std::move(piece));
+  return loop;
+}
+
+namespace {
+
+ControllerOptions Defaults(ControllerOptions o) {
+  if (o.clock == nullptr) o.clock = Clock::Real();
+  if (o.logger == nullptr) o.logger = spdlog::default_logger();
+  if (o.logger == nullptr)
+    o.logger = std::make_shared<spdlog::logger>("setpoint");
+  return o;
+}
+
+}  // namespace
+
+Controller::Controller(NodeInfo info, ControllerBuildFn build,
+                       ControllerOptions options)
+    : info_(std::move(info)),
+      build_(std::move(build)),
+      options_(Defaults(std::move(options))),
+      assignment_(MakeAssignment(ShardAssignment{})) {}
+
+Controller::~Controller() { Stop(); }
+
+std::shared_ptr<const Assignment> Controller::MakeAssignment(
+    const ShardAssignment& a) const {
+  return std::make_shared<const Assignment>(Assignment{
+      .node_id = info_.id,
+      .kind = info_.kind,
+      .range = a.range,
+      .token = a.token,
+      .ring_size = info_.ring_size,
+  });
+}
+
+Assignment Controller::assignment() const {
+  MutexLock l(&mu_);
+  return *assignment_;
+}
+
+ControllerStats Controller::stats() const {
+  MutexLock l(&mu_);
+  return stats_;
+}
+
+absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
+  auto run = std::make_unique<internal::ControllerRun>(info_, options_);
+  ControllerBuilder builder(run.get());
+  absl::Status built;
+  if (!build_) {
+    built = absl::InvalidArgumentError("no build function");
+  } else {
+    try {
+      built = build_(builder);
+    } catch (const std::exception& e) {
+      built = absl::InternalError(absl::StrCat("build threw: ", e.what()));
+    } catch (...) {
+      built = absl::InternalError("build threw a non-exception");
+    }
+  }
+  if (!built.ok()) {
+    return Annotate(built, absl::StrCat("build controller ", info_.id));
+  }
+  return run;
+}
+
+absl::Status Controller::StartRun(internal::ControllerRun& run) {
+  std::shared_ptr<const Assignment> a;
+  {
+    MutexLock l(&mu_);
+    a = assignment_;
+  }
+  // Scope every piece before anything runs (the runner has not started,
+  // so this thread may touch runner state).
+  run.SetCurrent(a);
+  const Context values = Context().WithValue(a);
+  for (auto& piece : run.pieces) piece->Rescope(*a, values);
+  for (auto& hook : run.on_assignment) hook(*a);
+  if (!options_.manual) SETPOINT_RETURN_IF_ERROR(run.runner.Start());
+  size_t started = 0;
+  absl::Status s;
+  for (; started < run.pieces.size(); ++started) {
+    s = run.pieces[started]->Start();
+    if (!s.ok()) break;
+  }
+  if (!s.ok()) {
+    for (size_t i = started; i-- > 0;) run.pieces[i]->Stop();
+    run.runner.Stop();
+    return Annotate(s, absl::StrCat("start controller ", info_.id));
+  }
+  for (auto& piece : run.pieces) piece->Resume(*a);
+  return absl::OkStatus();
+}
+
+void Controller::StopRun(internal::ControllerRun& run) {
+  for (size_t i = run.pieces.size(); i-- > 0;) run.pieces[i]->Stop();
+  run.runner.Stop();
+  // Destroyed in reverse too, after the runner: events they posted find
+  // them gone.
+  while (!run.pieces.empty()) run.pieces.pop_back();
+  run.on_assignment.clear();
+  while (!run.owned.empty()) run.owned.pop_back();
+}
+
+absl::Status Controller::Run(const Context& ctx) {
+  if (options_.manual) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "controller ", info_.id, ": manual mode, use Start/RunUntilQuiet"));
+  }
+  {
+    MutexLock l(&update_mu_);
+    absl::StatusOr<std::unique_ptr<internal::ControllerRun>> run = Build();
+    absl::Status s = run.status();
+    if (s.ok()) s = StartRun(**run);
+    {
+      MutexLock m(&mu_);
+      ++stats_.runs;
+      if (!s.ok()) ++stats_.build_failures;
+    }
+    if (!s.ok()) {
+      if (run.ok()) StopRun(**run);
+      return s;
+    }
+    run_ = std::move(*run);
+  }
+  (void)ctx.Wait(absl::InfiniteDuration());
+  MutexLock l(&update_mu_);
+  StopRun(*run_);
+  run_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status Controller::UpdateShardRange(const Context& ctx,
+                                          const ShardAssignment& assignment) {
+  MutexLock l(&update_mu_);
+  std::shared_ptr<const Assignment> a = MakeAssignment(assignment);
+  {
+    MutexLock m(&mu_);
+    assignment_ = a;
+  }
+  if (run_ == nullptr)
+    return absl::OkStatus();  // Not running: nothing to stop.
+  internal::ControllerRun& run = *run_;
+  const Context bound = ctx.WithTimeout(options_.handoff_timeout);
+  absl::Status result;
+  auto keep = [&result](absl::Status s) {
+    if (result.ok() && !s.ok()) result = std::move(s);
+  };
+  // 1. Plans: cancel the running execution and wait for it.
+  for (auto& piece : run.pieces) keep(piece->Suspend(bound));
+  // 2. One runner event re-scopes every piece: calls for keys outside the
+  //    range are cancelled, handed-over ones will not start.
+  run.SetCurrent(a);
+  const Context values = Context().WithValue(a);
+  keep(run.runner.PostAndWait(
+      bound,
+      [&] {
+        for (auto& piece : run.pieces) piece->Rescope(*a, values);
+        for (auto& hook : run.on_assignment) hook(*a);
+      },
+      "controller re-scope"));
+  // 3. Wait until none of those calls still runs.
+  for (auto& piece : run.pieces) keep(piece->AwaitOutside(*a, bound));
+  if (result.ok()) {
+    for (auto& piece : run.pieces) piece->Resume(*a);
+  }
+  MutexLock m(&mu_);
+  if (result.ok()) {
+    ++stats_.handoffs;
+    return absl::OkStatus();
+  }
+  ++stats_.handoff_failures;
+  SPDLOG_LOGGER_WARN(options_.logger,
+                     "controller handoff incomplete node={} range={} "
+                     "token={}: {}",
+                     info_.id, a->range, a->token, result);
+  return Annotate(result, absl::StrCat("controller ", info_.id, " handoff to ",
+                                       a->range.ToString()));
+}
+
+absl::Status Controller::Start() {
+  if (!options_.manual) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "controller ", info_.id, ": Start is for manual mode; use Run"));
+  }
+  MutexLock l(&update_mu_);
+  if (run_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("controller ", info_.id, ": already started"));
+  }
+  absl::StatusOr<std::unique_ptr<internal::ControllerRun>> run = Build();
+  absl::Status s = run.status();
+  if (s.ok()) s = StartRun(**run);
+  {
+    MutexLock m(&mu_);
+    ++stats_.runs;
+    if (!s.ok()) ++stats_.build_failures;
+  }
+  if (!s.ok()) {
+    if (run.ok()) StopRun(**run);
+    return s;
+  }
+  run_ = std::move(*run);
+  return absl::OkStatus();
+}
+
+int64_t Controller::RunUntilQuiet() {
+  MutexLock l(&update_mu_);
+  if (run_ == nullptr || !options_.manual) return 0;
+  const Context ctx = Context::Background(options_.clock);
+  int64_t total = 0;
+  while (true) {
+    int64_t ran = run_->runner.RunUntilIdle();
+    for (auto& piece : run_->pieces) ran += piece->RunDue(ctx);
+    if (ran == 0) return total;
+    total += ran;
+  }
+}
+
+absl::Time Controller::NextWakeTime() const {
+  MutexLock l(const_cast<Mutex*>(&update_mu_));
+  if (run_ == nullptr) return absl::InfiniteFuture();
+  absl::Time next = run_->runner.NextTimerTime();
+  for (const auto& piece : run_->pieces)
+    next = std::min(next, piece->NextDue());
+  return next;
+}
+
+void Controller::Stop() {
+  MutexLock l(&update_mu_);
+  if (run_ == nullptr || !options_.manual) return;
+  StopRun(*run_);
+  run_.reset();
+}
+
+Runner* Controller::runner() {
+  MutexLock l(&update_mu_);
+  return run_ != nullptr ? &run_->runner : nullptr;
+}
+
+NodeKindOptions ControllerKind::ToNodeKind() const {
+  return NodeKindOptions{
+      .kind = kind,
+      .count = count,
+      .ring_size = ring_size,
+      .factory =
+          [build = build, options = options](const NodeInfo& info) {
+            return std::make_unique<Controller>(info, build, options);
+          },
+  };
+}
+
+ControllerKind LeaderKind(std::string kind, ControllerBuildFn build,
+                          ControllerOptions options) {
+  return ControllerKind{.kind = std::move(kind),
+                        .count = 1,
+                        .ring_size = 1,
+                        .build = std::move(build),
+                        .options = std::move(options)};
+}
+
+}  // namespace setpoint

@@ -1,0 +1,668 @@
+// Controller: the one-owner promise down to each client call and plan step,
+// fresh pieces for each Run, nothing acting without an assignment. Most
+// tests run a whole node on the test's thread (ControllerHarness, a
+// SimulatedClock); the ones about a call that is running during a handoff
+// use real threads and poll conditions.
+#include "setpoint/controller/controller.h"
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/base/status.h"
+#include "setpoint/node/node_manager.h"
+#include "setpoint/planner/plan.h"
+#include "setpoint/registry/in_memory_node_registry.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/controller_harness.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/simulated_clock.h"
+#include "setpoint/testing/status_matchers.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::ControllerHarness;
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::NullLogger;
+using ::setpoint::testing::SimulatedClock;
+using ::setpoint::testing::StatusIs;
+using Map = absl::flat_hash_map<std::string, int>;
+
+constexpr uint32_t kRing = 64;
+
+// A fake API that records every write: who (node, token, the range it
+// claimed) wrote which key, and checks it the way a fenced system does,
+// plus against the range the test says the node truly owns right now.
+class RecordingApi {
+ public:
+  struct Counts {
+    int64_t writes = 0;         // Accepted.
+    int64_t stale = 0;          // Token below one seen for the shard.
+    int64_t unowned = 0;        // No assignment, or key not in its range.
+    int64_t outside_truth = 0;  // Started for a key the node does not own.
+    int64_t cancelled = 0;      // Returned because ctx was cancelled.
+    int64_t max_running_per_key = 0;
+  };
+
+  // The range `node` may write now (kept by the test: shrunk after the
+  // node's UpdateShardRange returned, grown before it is called).
+  void SetTruth(const std::string& node, ShardRange range) {
+    MutexLock l(&mu_);
+    truth_[node] = range;
+  }
+  // Calls wait at a gate until Open(); with `ignore_cancel` they also
+  // ignore their context until then.
+  void Hold(bool ignore_cancel) {
+    MutexLock l(&mu_);
+    held_ = true;
+    ignore_cancel_ = ignore_cancel;
+  }
+  void Open() {
+    MutexLock l(&mu_);
+    held_ = false;
+    cv_.SignalAll();
+  }
+
+  absl::StatusOr<Map> List(const Context&) {
+    MutexLock l(&mu_);
+    return world_;
+  }
+  absl::Status Write(const Context& ctx, const std::string& key,
+                     std::optional<int> value) {
+    const Assignment* a = AssignmentOf(ctx);
+    MutexLock l(&mu_);
+    if (a == nullptr || !a->Owns(key)) {
+      ++counts_.unowned;
+      return absl::PermissionDeniedError("not the owner");
+    }
+    const uint32_t shard = ShardOf(key, a->ring_size);
+    if (!truth_[a->node_id].Contains(shard)) ++counts_.outside_truth;
+    running_.insert({a->node_id, key});
+    counts_.max_running_per_key =
+        std::max<int64_t>(counts_.max_running_per_key, ++per_key_[key]);
+    ++entered_;
+    cv_.SignalAll();
+    auto open = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !held_; };
+    if (held_) {
+      cv_.Wait(&mu_, ctx.stop_token(), open);
+      // Noted while the call still runs, so a test sees the cancellation
+      // arrive before the call returns.
+      if (ctx.Cancelled()) {
+        saw_cancel_.insert(key);
+        cv_.SignalAll();
+      }
+      if (ignore_cancel_) cv_.Wait(&mu_, std::stop_token(), open);
+    }
+    running_.erase({a->node_id, key});
+    --per_key_[key];
+    if (ctx.Cancelled()) {
+      ++counts_.cancelled;
+      return absl::CancelledError("cancelled");
+    }
+    uint64_t& seen = tokens_[shard];
+    if (a->token < seen) {
+      ++counts_.stale;
+      return StaleOwnerError("old token");
+    }
+    seen = a->token;
+    if (value.has_value()) {
+      world_[key] = *value;
+    } else {
+      world_.erase(key);
+    }
+    ++counts_.writes;
+    return absl::OkStatus();
+  }
+
+  // Calls of `node` running now for keys outside `range`.
+  int RunningOutside(const std::string& node, ShardRange range) const {
+    MutexLock l(&mu_);
+    int n = 0;
+    for (const auto& [who, key] : running_) {
+      if (who == node && !range.Contains(ShardOf(key, kRing))) ++n;
+    }
+    return n;
+  }
+  int64_t entered() const {
+    MutexLock l(&mu_);
+    return entered_;
+  }
+  // Calls that saw their context cancelled while holding.
+  int CancelsSeen() const {
+    MutexLock l(&mu_);
+    return static_cast<int>(saw_cancel_.size());
+  }
+  Counts counts() const {
+    MutexLock l(&mu_);
+    return counts_;
+  }
+  Map world() const {
+    MutexLock l(&mu_);
+    return world_;
+  }
+  void Seed(Map world) {
+    MutexLock l(&mu_);
+    world_ = std::move(world);
+  }
+
+ private:
+  mutable Mutex mu_;
+  CondVar cv_;
+  Map world_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardRange> truth_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, uint64_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, std::string>> running_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> per_key_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> saw_cancel_ ABSL_GUARDED_BY(mu_);
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  bool ignore_cancel_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t entered_ ABSL_GUARDED_BY(mu_) = 0;
+  Counts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+class ApiClient : public SyncerClient<std::string, int, int> {
+ public:
+  explicit ApiClient(RecordingApi* api) : api_(api) {}
+  absl::Status Create(const Context& ctx, const std::string& k,
+                      const int& d) override {
+    return api_->Write(ctx, k, d);
+  }
+  absl::Status Update(const Context& ctx, const std::string& k, const int& d,
+                      const int&) override {
+    return api_->Write(ctx, k, d);
+  }
+  absl::Status Delete(const Context& ctx, const std::string& k,
+                      const int&) override {
+    return api_->Write(ctx, k, std::nullopt);
+  }
+
+ private:
+  RecordingApi* api_;
+};
+
+// The desired state, owned by the test (thread-safe).
+class Catalog {
+ public:
+  Map Get() const {
+    MutexLock l(&mu_);
+    return want_;
+  }
+  void Set(const std::string& k, int v) {
+    MutexLock l(&mu_);
+    want_[k] = v;
+  }
+
+ private:
+  mutable Mutex mu_;
+  Map want_ ABSL_GUARDED_BY(mu_);
+};
+
+Map Keys(int n, int value) {
+  Map m;
+  for (int i = 0; i < n; ++i) m[absl::StrCat("key-", i)] = value;
+  return m;
+}
+
+// The controller under test: API -> "seen", catalog -> "want", one syncer.
+ControllerBuildFn SyncBuild(RecordingApi* api, Catalog* catalog,
+                            ApiClient* client,
+                            absl::Duration interval = absl::Seconds(1)) {
+  return [=](ControllerBuilder& b) {
+    auto* seen = b.Poll<std::string, int>(
+        "seen", [api](const Context& ctx) { return api->List(ctx); },
+        {.interval = interval});
+    auto* want = b.Poll<std::string, int>(
+        "want", [catalog](const Context&) { return catalog->Get(); },
+        {.interval = interval});
+    b.Sync<std::string, int, int>(
+        "sync", client, seen, want,
+        {.max_in_flight = 4, .backoff = {.initial = absl::Milliseconds(10)}});
+    return absl::OkStatus();
+  };
+}
+
+NodeInfo Node(const std::string& id, uint32_t ring = kRing) {
+  return NodeInfo{.id = id, .kind = "k", .index = 0, .ring_size = ring};
+}
+
+// --- One node on the test's thread ------------------------------------
+
+TEST(ControllerTest, NodeNeverGrantedAnythingMakesNoCallsAndNoPlanSteps) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(100, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  std::atomic<int> creates{0}, steps{0};
+  ControllerBuildFn sync = SyncBuild(&api, &catalog, &client);
+  ControllerHarness h(
+      [&](ControllerBuilder& b) {
+        SETPOINT_RETURN_IF_ERROR(sync(b));
+        b.Reconcile(MakePlan(
+            "count", [&](const Context&) -> absl::StatusOr<Procedures> {
+              ++creates;
+              return ProcedureList(MakeProcedure(
+                  "step", [&](const Context&) -> absl::StatusOr<Procedures> {
+                    ++steps;
+                    return Procedures{};
+                  }));
+            }));
+        return absl::OkStatus();
+      },
+      {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  ASSERT_THAT(h.Start(), IsOk());
+  h.Advance(absl::Minutes(1));
+  ASSERT_THAT(h.Assign(ShardRange{}, 0), IsOk());  // Told: nothing.
+  h.Advance(absl::Minutes(1));
+  EXPECT_EQ(api.entered(), 0);
+  EXPECT_EQ(creates.load(), 0);
+  EXPECT_EQ(steps.load(), 0);
+  // Given the ring, the same node converges and its plan runs.
+  api.SetTruth("p/k/0", ShardRange{0, kRing});
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 7), IsOk());
+  h.Advance(absl::Seconds(5));
+  EXPECT_EQ(api.world(), catalog.Get());
+  EXPECT_GT(creates.load(), 0);
+  EXPECT_GT(steps.load(), 0);
+}
+
+TEST(ControllerTest, CallsAndPlanStepsReadTheAssignmentTheyRunUnder) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  catalog.Set("key-1", 1);
+  std::vector<Assignment> seen_by_plan;
+  Mutex mu;
+  struct Client : SyncerClient<std::string, int, int> {
+    std::vector<Assignment> seen;
+    absl::Status Create(const Context& ctx, const std::string&,
+                        const int&) override {
+      if (const Assignment* a = AssignmentOf(ctx)) seen.push_back(*a);
+      return absl::OkStatus();
+    }
+    absl::Status Update(const Context& ctx, const std::string& k, const int& d,
+                        const int&) override {
+      return Create(ctx, k, d);
+    }
+    absl::Status Delete(const Context&, const std::string&,
+                        const int&) override {
+      return absl::OkStatus();
+    }
+  } client;
+  ControllerHarness h(
+      [&](ControllerBuilder& b) {
+        auto* seen = b.Poll<std::string, int>(
+            "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
+        auto* want = b.Poll<std::string, int>(
+            "want", [&](const Context&) { return catalog.Get(); });
+        b.Sync<std::string, int, int>("sync", &client, seen, want);
+        b.Reconcile(MakePlan(
+            "look", [&](const Context& ctx) -> absl::StatusOr<Procedures> {
+              MutexLock l(&mu);
+              if (const Assignment* a = AssignmentOf(ctx)) {
+                seen_by_plan.push_back(*a);
+              }
+              return Procedures{};
+            }));
+        return absl::OkStatus();
+      },
+      {.clock = &clock, .node = Node("p/k/3"), .logger = NullLogger()});
+  ASSERT_THAT(h.Start(), IsOk());
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 42), IsOk());
+  h.Advance(absl::Seconds(1));
+  ASSERT_FALSE(client.seen.empty());
+  EXPECT_EQ(client.seen[0].token, 42u);
+  EXPECT_EQ(client.seen[0].node_id, "p/k/3");
+  EXPECT_EQ(client.seen[0].range, (ShardRange{0, kRing}));
+  MutexLock l(&mu);
+  ASSERT_FALSE(seen_by_plan.empty());
+  EXPECT_EQ(seen_by_plan.back().token, 42u);
+}
+
+TEST(ControllerTest, RunThatFailsOnceComesBackWithFreshPiecesAndConverges) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(50, 3)) catalog.Set(k, v);
+  ApiClient client(&api);
+  int builds = 0;
+  ControllerBuildFn sync = SyncBuild(&api, &catalog, &client);
+  ControllerHarness h(
+      [&](ControllerBuilder& b) -> absl::Status {
+        if (++builds == 1) return absl::UnavailableError("catalog is down");
+        return sync(b);
+      },
+      {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  EXPECT_THAT(h.Start(), StatusIs(absl::StatusCode::kUnavailable));
+  api.SetTruth("p/k/0", ShardRange{0, kRing});
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 1), IsOk());  // Between runs.
+  ASSERT_THAT(h.Start(), IsOk());
+  h.Advance(absl::Seconds(3));
+  EXPECT_EQ(api.world(), catalog.Get());
+  // Stopped and started again: new pieces, the same assignment.
+  h.Stop();
+  catalog.Set("key-0", 9);
+  ASSERT_THAT(h.Start(), IsOk());
+  h.Advance(absl::Seconds(3));
+  EXPECT_EQ(api.world(), catalog.Get());
+  EXPECT_EQ(builds, 3);
+  EXPECT_EQ(h.controller().stats().build_failures, 1);
+}
+
+TEST(ControllerTest, StaleRefusalIsCountedAndNotRetriedUnderTheSameAssignment) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  catalog.Set("key-1", 1);
+  struct Client : SyncerClient<std::string, int, int> {
+    std::atomic<int> calls{0};
+    absl::Status Create(const Context& ctx, const std::string&,
+                        const int&) override {
+      ++calls;
+      return AssignmentOf(ctx)->token < 5 ? StaleOwnerError("token < 5")
+                                          : absl::OkStatus();
+    }
+    absl::Status Update(const Context& ctx, const std::string& k, const int& d,
+                        const int&) override {
+      return Create(ctx, k, d);
+    }
+    absl::Status Delete(const Context&, const std::string&,
+                        const int&) override {
+      return absl::OkStatus();
+    }
+  } client;
+  Syncer<std::string, int, int>* syncer = nullptr;
+  ControllerHarness h(
+      [&](ControllerBuilder& b) {
+        auto* seen = b.Poll<std::string, int>(
+            "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
+        auto* want = b.Poll<std::string, int>(
+            "want", [&](const Context&) { return catalog.Get(); });
+        syncer = b.Sync<std::string, int, int>("sync", &client, seen, want);
+        return absl::OkStatus();
+      },
+      {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  ASSERT_THAT(h.Start(), IsOk());
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 3), IsOk());
+  h.Advance(absl::Minutes(10));  // Far past any backoff.
+  EXPECT_EQ(client.calls.load(), 1);
+  EXPECT_EQ(syncer->counters().stale_refusals, 1);
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 5), IsOk());  // A new grant.
+  h.Advance(absl::Seconds(1));
+  EXPECT_EQ(client.calls.load(), 2);
+  EXPECT_EQ(syncer->counters().creates, 1);
+}
+
+// The property: over 1,000 random range changes between two nodes, after
+// each UpdateShardRange returns no call for a key outside the node's new
+// range starts (the API checks every call against what the node truly
+// owns at that moment), and the API accepts nothing with a stale token or
+// for a key its writer does not own. Calls handed to the updaters but not
+// yet run when the range changes are the case this exercises: runner
+// events are run without the calls (dispatch), then the range moves.
+TEST(ControllerTest, ThousandRandomRangeChangesNeverLetAnOldOwnerWrite) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(400, 0)) catalog.Set(k, v);
+  ApiClient client(&api);
+  ControllerBuildFn build =
+      SyncBuild(&api, &catalog, &client, absl::Milliseconds(50));
+  ControllerHarness a(
+      build, {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  ControllerHarness b(
+      build, {.clock = &clock, .node = Node("q/k/0"), .logger = NullLogger()});
+  ASSERT_THAT(a.Start(), IsOk());
+  ASSERT_THAT(b.Start(), IsOk());
+  std::mt19937_64 rng(20261201);
+  uint64_t token = 0;
+  // a owns [0, split), b owns [split, kRing).
+  uint32_t split = kRing / 2;
+  uint64_t token_a = ++token, token_b = ++token;
+  api.SetTruth("p/k/0", {0, split});
+  api.SetTruth("q/k/0", {split, kRing});
+  ASSERT_THAT(a.Assign({0, split}, token_a), IsOk());
+  ASSERT_THAT(b.Assign({split, kRing}, token_b), IsOk());
+  auto drive = [&](ControllerHarness& h) {
+    switch (rng() % 4) {
+      case 0:  // Dispatch only: calls wait for their updater.
+        h.controller().runner()->RunUntilIdle();
+        break;
+      case 1:
+        h.RunUntilQuiet();
+        break;
+      case 2:
+        h.Advance(absl::Milliseconds(rng() % 120));
+        break;
+      default:
+        break;
+    }
+  };
+  for (int i = 0; i < 1000; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      catalog.Set(absl::StrCat("key-", rng() % 400), static_cast<int>(i));
+    }
+    drive(a);
+    drive(b);
+    uint32_t next = static_cast<uint32_t>(rng() % (kRing + 1));
+    if (next == split) continue;
+    // Shrink first, and only once it returned grow the other node.
+    ControllerHarness& shrinking = next < split ? a : b;
+    ControllerHarness& growing = next < split ? b : a;
+    const bool a_shrinks = next < split;
+    ShardRange smaller =
+        a_shrinks ? ShardRange{0, next} : ShardRange{next, kRing};
+    ShardRange larger =
+        a_shrinks ? ShardRange{next, kRing} : ShardRange{0, next};
+    const std::string shrink_id = a_shrinks ? "p/k/0" : "q/k/0";
+    const std::string grow_id = a_shrinks ? "q/k/0" : "p/k/0";
+    uint64_t keep = a_shrinks ? token_a : token_b;
+    ASSERT_THAT(shrinking.controller().UpdateShardRange(
+                    Context::Background(&clock), {smaller, keep}),
+                IsOk());
+    EXPECT_EQ(api.RunningOutside(shrink_id, smaller), 0);
+    api.SetTruth(shrink_id, smaller);
+    drive(shrinking);
+    uint64_t fresh = ++token;
+    (a_shrinks ? token_b : token_a) = fresh;
+    api.SetTruth(grow_id, larger);
+    ASSERT_THAT(growing.controller().UpdateShardRange(
+                    Context::Background(&clock), {larger, fresh}),
+                IsOk());
+    split = next;
+    RecordingApi::Counts c = api.counts();
+    ASSERT_EQ(c.outside_truth, 0) << "change " << i;
+    ASSERT_EQ(c.stale, 0) << "change " << i;
+    ASSERT_EQ(c.unowned, 0) << "change " << i;
+  }
+  for (int i = 0; i < 100 && api.world() != catalog.Get(); ++i) {
+    a.Advance(absl::Milliseconds(100));
+    b.Advance(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(api.world(), catalog.Get());
+  RecordingApi::Counts c = api.counts();
+  EXPECT_EQ(c.outside_truth, 0);
+  EXPECT_EQ(c.stale, 0);
+  EXPECT_EQ(c.unowned, 0);
+  EXPECT_GT(c.writes, 1000);
+  EXPECT_EQ(c.max_running_per_key, 1);
+}
+
+// --- Calls running during a handoff (real threads) ---------------------
+
+class RunningController {
+ public:
+  RunningController(NodeInfo info, ControllerBuildFn build,
+                    absl::Duration handoff_timeout = absl::Seconds(10))
+      : controller_(
+            std::move(info), std::move(build),
+            {.handoff_timeout = handoff_timeout, .logger = NullLogger()}) {
+    thread_ = std::jthread([this](std::stop_token stop) {
+      status_ = controller_.Run(Context(stop));
+    });
+  }
+  ~RunningController() {
+    thread_.request_stop();
+    thread_.join();
+  }
+  Controller& operator*() { return controller_; }
+  Controller* operator->() { return &controller_; }
+
+ private:
+  Controller controller_;
+  absl::Status status_;
+  std::jthread thread_;
+};
+
+TEST(ControllerTest, HeldCallForAKeyLeavingIsCancelledAndAwaitedByTheHandoff) {
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(40, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  RunningController node(
+      Node("p/k/0"), SyncBuild(&api, &catalog, &client, absl::Milliseconds(5)));
+  api.SetTruth("p/k/0", {0, kRing});
+  api.Hold(/*ignore_cancel=*/true);
+  ASSERT_THAT(node->UpdateShardRange(Context(), {{0, kRing}, 1}), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return api.entered() >= 4; }));
+  // Move to the empty range on another thread: it must wait for the held
+  // calls, which see their context cancelled.
+  std::atomic<bool> returned{false};
+  absl::Status handoff;
+  std::thread relay([&] {
+    handoff = node->UpdateShardRange(Context(), {{}, 1});
+    returned = true;
+  });
+  ASSERT_TRUE(AwaitCondition([&] { return api.CancelsSeen() == 4; }));
+  // The four calls saw their context cancelled and still run: the handoff
+  // has not returned.
+  EXPECT_EQ(api.RunningOutside("p/k/0", {}), 4);
+  EXPECT_FALSE(returned.load());
+  api.Open();
+  relay.join();
+  EXPECT_THAT(handoff, IsOk());
+  EXPECT_EQ(api.RunningOutside("p/k/0", {}), 0);
+  api.SetTruth("p/k/0", {});
+  // Nothing starts afterwards.
+  int64_t entered = api.entered();
+  for (int i = 0; i < 40; ++i) catalog.Set(absl::StrCat("key-", i), 2);
+  ASSERT_THAT(node->UpdateShardRange(Context(), {{}, 1}), IsOk());
+  EXPECT_EQ(api.entered(), entered);
+  EXPECT_EQ(api.counts().outside_truth, 0);
+}
+
+TEST(ControllerTest, CallIgnoringCancellationPastTheBoundFailsTheHandoff) {
+  RecordingApi api;
+  Catalog catalog;
+  catalog.Set("key-1", 1);
+  ApiClient client(&api);
+  RunningController node(
+      Node("p/k/0"), SyncBuild(&api, &catalog, &client, absl::Milliseconds(5)),
+      /*handoff_timeout=*/absl::Milliseconds(50));
+  api.SetTruth("p/k/0", {0, kRing});
+  api.Hold(/*ignore_cancel=*/true);
+  ASSERT_THAT(node->UpdateShardRange(Context(), {{0, kRing}, 1}), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return api.entered() >= 1; }));
+  EXPECT_THAT(node->UpdateShardRange(Context(), {{}, 1}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(node->stats().handoff_failures, 1);
+  api.Open();
+  EXPECT_THAT(node->UpdateShardRange(Context(), {{}, 1}), IsOk());
+}
+
+TEST(ControllerTest, LeadershipMovesWhileALeaderExecutionRuns) {
+  struct Log {
+    Mutex mu;
+    std::vector<std::string> events ABSL_GUARDED_BY(mu);
+    void Add(std::string e) {
+      MutexLock l(&mu);
+      events.push_back(std::move(e));
+    }
+    bool Has(const std::string& e) {
+      MutexLock l(&mu);
+      return std::find(events.begin(), events.end(), e) != events.end();
+    }
+  } log;
+  auto build = [&log](ControllerBuilder& b) {
+    const std::string id = b.node().id;
+    b.Reconcile(
+        MakePlan("lead",
+                 [&log, id](const Context& ctx) -> absl::StatusOr<Procedures> {
+                   uint64_t token = AssignmentOf(ctx)->token;
+                   return ProcedureList(MakeProcedure(
+                       "long step",
+                       [&log, id, token](
+                           const Context& step) -> absl::StatusOr<Procedures> {
+                         log.Add(absl::StrCat(id, " start ", token));
+                         (void)step.Wait(absl::InfiniteDuration());
+                         log.Add(absl::StrCat(id, " end ", token));
+                         return step.Err();
+                       }));
+                 }),
+        {.interval = absl::Milliseconds(1)});
+    return absl::OkStatus();
+  };
+  ControllerKind kind = LeaderKind("lead", build);
+  ASSERT_EQ(kind.ring_size, 1u);
+  RunningController a(Node("p/lead/0", 1), kind.build);
+  RunningController b(Node("q/lead/0", 1), kind.build);
+  ASSERT_THAT(a->UpdateShardRange(Context(), {{0, 1}, 1}), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return log.Has("p/lead/0 start 1"); }));
+  ASSERT_THAT(a->UpdateShardRange(Context(), {{}, 1}), IsOk());
+  // Returned: the old leader's step was cancelled and has ended.
+  EXPECT_TRUE(log.Has("p/lead/0 end 1"));
+  ASSERT_THAT(b->UpdateShardRange(Context(), {{0, 1}, 2}), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return log.Has("q/lead/0 start 2"); }));
+  EXPECT_FALSE(log.Has("p/lead/0 start 2"));
+}
+
+// End to end through a NodeManager: a node whose Run fails once is
+// restarted by the manager and converges.
+TEST(ControllerTest, ManagedNodeWhoseRunFailsOnceConverges) {
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(30, 4)) catalog.Set(k, v);
+  ApiClient client(&api);
+  api.SetTruth("pod/k/0", {0, kRing});
+  std::atomic<int> builds{0};
+  ControllerBuildFn sync =
+      SyncBuild(&api, &catalog, &client, absl::Milliseconds(5));
+  ControllerKind kind{.kind = "k",
+                      .count = 1,
+                      .ring_size = kRing,
+                      .build = [&](ControllerBuilder& b) -> absl::Status {
+                        if (++builds == 1) return absl::InternalError("once");
+                        return sync(b);
+                      },
+                      .options = {.logger = NullLogger()}};
+  InMemoryNodeRegistry registry;
+  NodeManager manager({.pod_id = "pod",
+                       .kinds = {kind.ToNodeKind()},
+                       .registry = &registry,
+                       .poll_interval = absl::Milliseconds(20),
+                       .lease = absl::Milliseconds(200),
+                       .restart_backoff = {.initial = absl::Milliseconds(10)},
+                       .logger = NullLogger()});
+  ASSERT_THAT(manager.Start(), IsOk());
+  EXPECT_TRUE(AwaitCondition([&] { return api.world() == catalog.Get(); }));
+  manager.Stop();
+  EXPECT_GE(builds.load(), 2);
+  EXPECT_EQ(api.counts().unowned, 0);
+  EXPECT_EQ(api.counts().stale, 0);
+}
+
+}  // namespace
+}  // namespace setpoint
