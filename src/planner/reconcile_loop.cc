@@ -9,6 +9,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
@@ -30,6 +31,25 @@ ReconcileLoopOptions Clamp(ReconcileLoopOptions o) {
     o.seed = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
   }
   return o;
+}
+
+// Attached to each execution's context, so Pause() can tell a call made from
+// inside one of this loop's executions on any thread (parallel steps).
+struct ExecutionMark {
+  const ReconcileLoop* loop;
+};
+
+// Whether the execution was refused as a stale owner: its status, or, with
+// continue_on_failure, a later failed step's.
+bool StaleRefusal(const ExecutionReport& report) {
+  if (report.status.ok()) return false;
+  if (IsStaleOwner(report.status)) return true;
+  for (const StepRecord& step : report.steps) {
+    if (step.outcome == StepOutcome::kFailed && IsStaleOwner(step.status)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -61,6 +81,7 @@ ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
       scheduler_(options_.scheduler),
       clock_(options_.clock),
       logger_(options_.logger.get()),
+      paused_(options_.start_paused),
       failure_backoff_(options_.failure_backoff, options_.seed),
       rng_(options_.seed + 1) {
   try {
@@ -105,6 +126,46 @@ void ReconcileLoop::Trigger() {
   cv_.SignalAll();
 }
 
+absl::Status ReconcileLoop::Pause(const Context& ctx) {
+  const ExecutionMark* mark = ctx.Value<ExecutionMark>();
+  bool was_paused;
+  {
+    MutexLock l(&mu_);
+    if ((running_ && loop_thread_ == std::this_thread::get_id()) ||
+        (mark != nullptr && mark->loop == this)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pause reconcile loop plan=", plan_name_,
+          ": called from inside an execution, which it would wait for"));
+    }
+    was_paused = paused_;
+    paused_ = true;
+    if (current_scope_ != nullptr) current_scope_->Cancel();
+    cv_.SignalAll();
+  }
+  if (!was_paused) {
+    SPDLOG_LOGGER_INFO(logger_, "reconcile loop paused plan={}", plan_name_);
+  }
+  MutexLock l(&mu_);
+  bool ended = ctx.clock()->AwaitWithDeadline(&mu_, &cv_, ctx.deadline(),
+                                              ctx.stop_token(), [this] {
+                                                mu_.AssertHeld();
+                                                return !executing_;
+                                              });
+  if (!ended) return ctx.Err();
+  return absl::OkStatus();
+}
+
+void ReconcileLoop::Resume() {
+  {
+    MutexLock l(&mu_);
+    if (!paused_) return;
+    paused_ = false;
+    triggered_ = true;  // Run one at once, without counting a Trigger().
+    cv_.SignalAll();
+  }
+  SPDLOG_LOGGER_INFO(logger_, "reconcile loop resumed plan={}", plan_name_);
+}
+
 std::optional<ExecutionReport> ReconcileLoop::last_report() const {
   MutexLock l(&mu_);
   return last_report_;
@@ -115,8 +176,12 @@ ReconcileLoopStats ReconcileLoop::stats() const {
   return stats_;
 }
 
-absl::Duration ReconcileLoop::NextWait(Outcome outcome) {
+absl::Time ReconcileLoop::NextRunTime() const {
   MutexLock l(&mu_);
+  return NextRunTimeLocked();
+}
+
+absl::Duration ReconcileLoop::NextWaitLocked(Outcome outcome) {
   if (outcome == Outcome::kFailed) return failure_backoff_.Next();
   // A gate skip neither proves nor disproves the plan: keep the backoff.
   if (outcome == Outcome::kConverged) failure_backoff_.Reset();
@@ -138,6 +203,153 @@ bool ReconcileLoop::GateOpen() {
   return false;
 }
 
+absl::Time ReconcileLoop::NextRunTimeLocked() const {
+  if (paused_) return absl::InfiniteFuture();
+  if (triggered_) return absl::InfinitePast();
+  if (next_ == absl::InfiniteFuture()) return next_;
+  if (next_ <= clock_->Now()) return absl::InfinitePast();
+  return next_;
+}
+
+bool ReconcileLoop::ClaimIfDueLocked() {
+  if (executing_ || NextRunTimeLocked() != absl::InfinitePast()) return false;
+  // A trigger that arrives while this execution runs leads to another.
+  triggered_ = false;
+  executing_ = true;
+  next_ = absl::InfiniteFuture();  // Set when this one ends.
+  return true;
+}
+
+void ReconcileLoop::EndClaimLocked(absl::Time next) {
+  next_ = next;
+  executing_ = false;
+  cv_.SignalAll();
+}
+
+bool ReconcileLoop::RunClaimed(const Context& ctx) {
+  if (!GateOpen()) {
+    {
+      MutexLock l(&mu_);
+      ++stats_.skipped_by_gate;
+      EndClaimLocked(clock_->Now() + NextWaitLocked(Outcome::kSkipped));
+    }
+    SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}",
+                        plan_name_);
+    return false;
+  }
+  CancelScope scope(ctx);
+  {
+    MutexLock l(&mu_);
+    if (paused_) {
+      // Paused while the gate ran: this one never starts.
+      EndClaimLocked(absl::InfinitePast());
+      return false;
+    }
+    current_scope_ = &scope;
+  }
+  Context exec_ctx = scope.context().WithValue(
+      std::make_shared<const ExecutionMark>(ExecutionMark{this}));
+  std::optional<std::string> hook_error;
+  if (options_.execution_context) {
+    try {
+      exec_ctx = options_.execution_context(exec_ctx);
+    } catch (const std::exception& e) {
+      hook_error = e.what();
+    } catch (...) {
+      hook_error = "a non-standard exception";
+    }
+  }
+  if (hook_error.has_value()) {
+    absl::Duration wait;
+    {
+      MutexLock l(&mu_);
+      current_scope_ = nullptr;
+      ++stats_.failures;
+      ++stats_.consecutive_failures;
+      wait = NextWaitLocked(Outcome::kFailed);
+      EndClaimLocked(clock_->Now() + wait);
+    }
+    SPDLOG_LOGGER_WARN(logger_,
+                       "reconcile execution_context threw, skipped, backing "
+                       "off plan={} after={} err=\"{}\"",
+                       plan_name_, wait, *hook_error);
+    return false;
+  }
+
+  ExecutionReport report = scheduler_.Execute(exec_ctx, plan_);
+  // An execution cut short by this loop's own stop or by Pause() is not a
+  // failure of the plan: it is recorded as the last report but not counted.
+  const bool interrupted = ctx.Done() || scope.context().Cancelled();
+  const bool failed = !report.status.ok() && !interrupted;
+  // Under another owner's newer fencing token every run would be refused
+  // again: pause until told the assignment changed. Being paused, the loop
+  // runs nothing more, so this logs once per Resume().
+  const bool stale = StaleRefusal(report);
+  absl::Duration wait = absl::ZeroDuration();
+  {
+    MutexLock l(&mu_);
+    current_scope_ = nullptr;
+    if (!interrupted) ++stats_.executions;
+    if (failed) {
+      ++stats_.failures;
+      ++stats_.consecutive_failures;
+    } else if (!interrupted) {
+      stats_.consecutive_failures = 0;
+    }
+    if (stale) {
+      ++stats_.stale_refusals;
+      paused_ = true;
+    } else if (!interrupted) {
+      // A stale refusal does not lengthen the backoff: the next run (after
+      // Resume) is under a new assignment.
+      wait = NextWaitLocked(failed ? Outcome::kFailed : Outcome::kConverged);
+    }
+    last_report_ = report;
+  }
+  if (stale) {
+    SPDLOG_LOGGER_WARN(logger_,
+                       "reconcile paused until resumed, write refused as "
+                       "stale owner plan={} err={}",
+                       plan_name_, report.status);
+  } else if (failed) {
+    SPDLOG_LOGGER_WARN(logger_,
+                       "reconcile failed, backing off plan={} after={}",
+                       plan_name_, wait);
+  }
+  if (options_.on_report) {
+    try {
+      options_.on_report(report);
+    } catch (const std::exception& e) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "reconcile on_report threw plan={} err=\"{}\"",
+                         plan_name_, e.what());
+    } catch (...) {
+      SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}",
+                         plan_name_);
+    }
+  }
+  MutexLock l(&mu_);
+  // The wait counts from the end of the execution, on_report included. A cut
+  // short one is due again at once (when resumed or run again).
+  EndClaimLocked(interrupted || stale ? absl::InfinitePast()
+                                      : clock_->Now() + wait);
+  return true;
+}
+
+bool ReconcileLoop::RunIfDue(const Context& ctx) {
+  {
+    MutexLock l(&mu_);
+    if (running_ || ctx.Done() || !ClaimIfDueLocked()) return false;
+    running_ = true;
+    loop_thread_ = std::this_thread::get_id();
+  }
+  bool ran = RunClaimed(ctx);
+  MutexLock l(&mu_);
+  running_ = false;
+  loop_thread_ = std::thread::id();
+  return ran;
+}
+
 absl::Status ReconcileLoop::Run(const Context& ctx) {
   {
     MutexLock l(&mu_);
@@ -146,71 +358,29 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
           "run reconcile loop: already running");
     }
     running_ = true;
+    loop_thread_ = std::this_thread::get_id();
+    next_ = absl::InfinitePast();  // The first execution starts at once.
   }
-  absl::Time next = clock_->Now();  // The first execution starts at once.
   while (true) {
     {
       MutexLock l(&mu_);
-      // The context's deadline, if any, ends the wait too.
-      clock_->AwaitWithDeadline(&mu_, &cv_, std::min(next, ctx.deadline()),
-                                ctx.stop_token(), [this] {
-                                  mu_.AssertHeld();
-                                  return triggered_;
-                                });
+      // The context's deadline, if any, ends the wait too. Pause() and
+      // Resume() signal, so the wait follows them.
+      clock_->AwaitWithDeadline(
+          &mu_, &cv_, std::min(NextRunTimeLocked(), ctx.deadline()),
+          ctx.stop_token(), [this] {
+            mu_.AssertHeld();
+            return NextRunTimeLocked() == absl::InfinitePast();
+          });
       if (ctx.Done()) {
         running_ = false;
+        loop_thread_ = std::thread::id();
         return ctx.Err();
       }
-      // A trigger that arrives while this execution runs leads to another.
-      triggered_ = false;
+      // Woken at a deadline that a Pause() since made moot: wait again.
+      if (!ClaimIfDueLocked()) continue;
     }
-    if (!GateOpen()) {
-      {
-        MutexLock l(&mu_);
-        ++stats_.skipped_by_gate;
-      }
-      SPDLOG_LOGGER_DEBUG(logger_, "reconcile skipped by gate plan={}",
-                          plan_name_);
-      next = clock_->Now() + NextWait(Outcome::kSkipped);
-      continue;
-    }
-    ExecutionReport report = scheduler_.Execute(ctx, plan_);
-    // An execution cut short by this loop's own stop is not a failure of the
-    // plan: it is recorded as the last report but not counted.
-    bool stopped = ctx.Done();
-    bool failed = !report.status.ok() && !stopped;
-    {
-      MutexLock l(&mu_);
-      if (!stopped) ++stats_.executions;
-      if (failed) {
-        ++stats_.failures;
-        ++stats_.consecutive_failures;
-      } else if (!stopped) {
-        stats_.consecutive_failures = 0;
-      }
-      last_report_ = report;
-    }
-    if (options_.on_report) {
-      try {
-        options_.on_report(report);
-      } catch (const std::exception& e) {
-        SPDLOG_LOGGER_WARN(logger_,
-                           "reconcile on_report threw plan={} err=\"{}\"",
-                           plan_name_, e.what());
-      } catch (...) {
-        SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}",
-                           plan_name_);
-      }
-    }
-    if (stopped) continue;  // The wait above returns at once and ends Run.
-    absl::Duration wait =
-        NextWait(failed ? Outcome::kFailed : Outcome::kConverged);
-    if (failed) {
-      SPDLOG_LOGGER_WARN(logger_,
-                         "reconcile failed, backing off plan={} after={}",
-                         plan_name_, wait);
-    }
-    next = clock_->Now() + wait;
+    RunClaimed(ctx);
   }
 }
 

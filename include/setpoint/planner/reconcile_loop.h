@@ -9,13 +9,22 @@
 //   loop.Start();          // own thread "sp-reconcile"
 //   ...
 //   loop.Trigger();        // an event says the world changed: run now
+//   loop.Pause();          // cancels the running execution, waits for it
+//   loop.Resume();         // runs again, at once
 //   loop.Stop();           // cancels the running execution, joins
 //
 // Or run it on a thread you own: `loop.Run(ctx)` returns when ctx is cancelled.
+// Or drive it by hand (tests with a SimulatedClock, no threads): call
+// `loop.RunIfDue(ctx)` after moving the clock; NextRunTime() says when.
 //
-// Thread safety: Trigger(), last_report() and stats() may be called from any
-// thread. Start(), Stop() and the destructor must not race each other (call
-// them from one owner thread). The plan is only used by the loop's thread.
+// A step whose write is refused as a stale owner (IsStaleOwner) pauses the
+// loop until Resume(): the process no longer owns what the plan writes.
+//
+// Thread safety: Trigger(), Pause(), Resume(), NextRunTime(), last_report()
+// and stats() may be called from any thread (Pause() not from inside an
+// execution). Start(), Stop() and the destructor must not race each other
+// (call them from one owner thread). The plan is only used by the thread that
+// runs the loop (Start's thread, Run's or RunIfDue's caller).
 #ifndef SETPOINT_PLANNER_RECONCILE_LOOP_H_
 #define SETPOINT_PLANNER_RECONCILE_LOOP_H_
 
@@ -69,6 +78,16 @@ struct ReconcileLoopOptions {
   // Seed for the jitter; 0 picks a random one.
   // Default: 0.
   uint64_t seed = 0;
+  // The loop starts paused: nothing runs until Resume().
+  // Default: false.
+  bool start_paused = false;
+  // Called on the loop's thread before each execution with its context
+  // (cancelled by Stop() and Pause()); the execution runs with the context it
+  // returns, e.g. `ctx.WithValue(...)` carrying the assignment it runs under.
+  // Return a child of the argument (WithValue, WithTimeout) so the
+  // cancellation is kept. If it throws, the execution is skipped and counted
+  // as a failure (failure backoff). Default: none (the context as is).
+  std::function<Context(const Context&)> execution_context = nullptr;
 };
 
 // Returns kInvalidArgument naming the field when `options` is unusable.
@@ -76,11 +95,17 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& options);
 
 // Counters for operators and tests.
 struct ReconcileLoopStats {
-  int64_t executions = 0;  // Executions run (not one cut short by Stop).
-  int64_t failures = 0;    // Executions that did not converge.
+  // Executions run (not one cut short by Stop or Pause).
+  int64_t executions = 0;
+  // Executions that did not converge (stale-owner refusals included), and
+  // executions skipped because execution_context threw.
+  int64_t failures = 0;
   int64_t consecutive_failures = 0;
   int64_t skipped_by_gate = 0;  // Wake-ups where the gate said no.
   int64_t triggers = 0;         // Trigger() calls (coalesced or not).
+  // Executions whose report carries a stale-owner status (IsStaleOwner); each
+  // paused the loop.
+  int64_t stale_refusals = 0;
 };
 
 class ReconcileLoop {
@@ -94,7 +119,8 @@ class ReconcileLoop {
   ReconcileLoop& operator=(const ReconcileLoop&) = delete;
 
   // Starts the loop on its own thread; the first execution starts at once.
-  // Returns kFailedPrecondition if already started or running via Run().
+  // Returns kFailedPrecondition if already started or running via Run() or
+  // RunIfDue().
   absl::Status Start();
   // Cancels the running execution (its context is cancelled), waits for the
   // thread to end. Idempotent.
@@ -102,12 +128,38 @@ class ReconcileLoop {
 
   // Runs the loop on the calling thread until `ctx` is done (cancelled or past
   // its deadline); returns ctx.Err() then, or kFailedPrecondition if the loop
-  // is already running. Waits use options.clock; give `ctx` the same clock.
+  // is already running (Start, Run or RunIfDue). Waits use options.clock; give
+  // `ctx` the same clock.
   absl::Status Run(const Context& ctx);
 
   // Asks for an execution now. Calls while one is pending coalesce into one;
   // a call during an execution causes one more right after it.
   void Trigger();
+
+  // Stops executions from starting, e.g. while this process gives up what the
+  // plan manages. A running execution has its context cancelled; Pause
+  // returns OK once it has ended (its report and on_report done), or ctx.Err()
+  // if `ctx` ends first (the pause still holds). Idempotent. Any thread, but
+  // not from inside an execution (plan, steps, gate, on_report,
+  // execution_context): kFailedPrecondition then, and nothing is paused. With
+  // scheduler.parallelism > 1 a step is only recognised if it passes its ctx.
+  absl::Status Pause(const Context& ctx = Context());
+  // Ends a pause (Pause(), start_paused or a stale-owner refusal); one
+  // execution starts at once, as after Trigger(). Does nothing when not
+  // paused. Any thread.
+  void Resume();
+
+  // Manual mode: if an execution is due now on options.clock (the first at
+  // once, after Trigger()/Resume(), or once the interval or failure backoff
+  // since the last one has passed) and the loop is not paused, runs it on the
+  // calling thread. Returns whether an execution ran: false for a gate skip,
+  // and false without doing anything while Start(), Run() or another
+  // RunIfDue() is active or when `ctx` is done. Give `ctx` options.clock.
+  bool RunIfDue(const Context& ctx);
+  // When the next execution is due: absl::InfinitePast() if due now,
+  // absl::InfiniteFuture() while paused or while an execution runs (unless a
+  // Trigger() asks for one more). Any thread.
+  absl::Time NextRunTime() const;
 
   // The report of the last finished execution, if any.
   std::optional<ExecutionReport> last_report() const;
@@ -116,8 +168,23 @@ class ReconcileLoop {
  private:
   enum class Outcome { kConverged, kFailed, kSkipped };
   // The wait before the next execution after `outcome`.
-  absl::Duration NextWait(Outcome outcome);
+  absl::Duration NextWaitLocked(Outcome outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GateOpen();
+
+  // When the next execution is due, as NextRunTime() says.
+  absl::Time NextRunTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // If an execution is due now and the loop is not paused, claims it (clears
+  // the trigger, marks it executing) and returns true.
+  bool ClaimIfDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a claimed execution on the calling thread — gate, execution_context,
+  // Scheduler::Execute, stats, on_report — sets when the next one is due and
+  // ends the claim. Returns whether Scheduler::Execute ran. `ctx` is the
+  // Run()/RunIfDue() context.
+  bool RunClaimed(const Context& ctx) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the claim taken by ClaimIfDueLocked; the next execution is due at
+  // `next`.
+  void EndClaimLocked(absl::Time next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Plan& plan_;
   std::string plan_name_;  // For logs; read once so a throwing Name() is safe.
@@ -128,8 +195,21 @@ class ReconcileLoop {
 
   mutable Mutex mu_;
   CondVar cv_;
+  // Run() or RunIfDue() is active, on `loop_thread_`.
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread::id loop_thread_ ABSL_GUARDED_BY(mu_);
   bool triggered_ ABSL_GUARDED_BY(mu_) = false;
+  // No execution may start (Pause(), start_paused, a stale-owner refusal).
+  bool paused_ ABSL_GUARDED_BY(mu_);
+  // Between a claim and its end: the execution (gate to on_report) runs.
+  // Pause() waits for it to turn false.
+  bool executing_ ABSL_GUARDED_BY(mu_) = false;
+  // The running execution's scope, so Pause() can cancel it; null outside
+  // Scheduler::Execute. Owned by RunClaimed's stack frame.
+  CancelScope* current_scope_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // When the next execution is due if not triggered or paused
+  // (InfinitePast: at once; InfiniteFuture while one runs).
+  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::optional<ExecutionReport> last_report_ ABSL_GUARDED_BY(mu_);
   ReconcileLoopStats stats_ ABSL_GUARDED_BY(mu_);
   Backoff failure_backoff_ ABSL_GUARDED_BY(mu_);
