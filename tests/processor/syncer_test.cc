@@ -1,9 +1,14 @@
 #include "setpoint/processor/syncer.h"
 
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -12,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
 #include "setpoint/base/status.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/source.h"
@@ -23,6 +30,8 @@
 #include "setpoint/testing/run_on_runner.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
+#include "spdlog/logger.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
 
 namespace setpoint {
 namespace {
@@ -35,6 +44,7 @@ using ::setpoint::testing::NullLogger;
 using ::setpoint::testing::RunOnRunner;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -46,6 +56,121 @@ constexpr BackoffOptions kExactBackoff = {.initial = absl::Seconds(1),
                                           .max = absl::Minutes(1),
                                           .multiplier = 2,
                                           .jitter = 0};
+
+// What a controller puts in the calls' context: the assignment (a fencing
+// token) the calls run under.
+struct Assignment {
+  int64_t token = 0;
+};
+
+Context WithToken(int64_t token, const Context& base = Context()) {
+  return base.WithValue(std::make_shared<const Assignment>(Assignment{token}));
+}
+
+std::optional<int64_t> TokenOf(const Context& ctx) {
+  const Assignment* a = ctx.Value<Assignment>();
+  if (a == nullptr) return std::nullopt;
+  return a->token;
+}
+
+// A client in front of the fake that records what each call saw in its
+// context, and can hold calls at a gate of its own that ignores their
+// context (a client that does not watch for cancellation).
+class ProbeClient final : public SyncerClient<std::string, int, int> {
+ public:
+  // One finished call.
+  struct Seen {
+    std::string key;
+    std::optional<int64_t> token_at_start;
+    std::optional<int64_t> token_at_end;  // Once the fake returned.
+    bool cancelled_at_end = false;
+    std::thread::id thread;
+  };
+
+  explicit ProbeClient(IntFake* fake) : fake_(fake) {}
+
+  absl::Status Create(const Context& ctx, const std::string& key,
+                      const int& desired) override {
+    return Probe(ctx, key, [&] { return fake_->Create(ctx, key, desired); });
+  }
+  absl::Status Update(const Context& ctx, const std::string& key,
+                      const int& desired, const int& observed) override {
+    return Probe(ctx, key,
+                 [&] { return fake_->Update(ctx, key, desired, observed); });
+  }
+  absl::Status Delete(const Context& ctx, const std::string& key,
+                      const int& observed) override {
+    return Probe(ctx, key, [&] { return fake_->Delete(ctx, key, observed); });
+  }
+
+  // Calls from now on wait at the gate, whatever their context says, until
+  // OpenGate().
+  void CloseGate() {
+    MutexLock l(&mu_);
+    closed_ = true;
+  }
+  void OpenGate() {
+    MutexLock l(&mu_);
+    closed_ = false;
+    cv_.SignalAll();
+  }
+  int at_gate() const {
+    MutexLock l(&mu_);
+    return at_gate_;
+  }
+  std::vector<Seen> seen() const {
+    MutexLock l(&mu_);
+    return seen_;
+  }
+  // The calls for `key` that finished, in order.
+  std::vector<Seen> SeenFor(const std::string& key) const {
+    std::vector<Seen> out;
+    for (Seen& s : seen()) {
+      if (s.key == key) out.push_back(std::move(s));
+    }
+    return out;
+  }
+  // The tokens the finished calls for `key` started with (-1: none).
+  std::vector<int64_t> TokensFor(const std::string& key) const {
+    std::vector<int64_t> out;
+    for (const Seen& s : SeenFor(key)) {
+      out.push_back(s.token_at_start.value_or(-1));
+    }
+    return out;
+  }
+
+ private:
+  template <class Fn>
+  absl::Status Probe(const Context& ctx, const std::string& key, Fn call) {
+    Seen s;
+    s.key = key;
+    s.token_at_start = TokenOf(ctx);
+    s.thread = std::this_thread::get_id();
+    {
+      MutexLock l(&mu_);
+      if (closed_) {
+        ++at_gate_;
+        cv_.Wait(&mu_, std::stop_token(),
+                 [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closed_; });
+        --at_gate_;
+      }
+    }
+    absl::Status status = call();
+    s.token_at_end = TokenOf(ctx);
+    s.cancelled_at_end = ctx.Cancelled();
+    MutexLock l(&mu_);
+    seen_.push_back(std::move(s));
+    return status;
+  }
+
+  IntFake* const fake_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int at_gate_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Seen> seen_ ABSL_GUARDED_BY(mu_);
+};
 
 // The wiring a user would have: the fake world reports its changes through
 // a PushSource (as a watch would) into the observed Store, which the syncer
@@ -61,6 +186,10 @@ class SyncerTest : public ::testing::Test {
     // The desired state before the syncer starts (it is complete: keys in
     // the world and not here are deleted).
     absl::flat_hash_map<std::string, int> desired = {};
+    // The syncer calls a ProbeClient (probe_) in front of the fake.
+    bool probe = false;
+    // Default: NullLogger().
+    std::shared_ptr<spdlog::logger> logger = nullptr;
   };
 
   void Build(Setup setup) {
@@ -95,9 +224,15 @@ class SyncerTest : public ::testing::Test {
         });
     for (auto& [key, value] : setup.world) fake_->Set(key, value);
     setup.options.clock = clock;
-    setup.options.logger = NullLogger();
+    setup.options.logger =
+        setup.logger != nullptr ? setup.logger : NullLogger();
     if (setup.options.seed == 0) setup.options.seed = 1;
-    syncer_ = std::make_unique<IntSyncer>(runner_.get(), fake_.get(),
+    IntSyncer::Client* client = fake_.get();
+    if (setup.probe) {
+      probe_ = std::make_unique<ProbeClient>(fake_.get());
+      client = probe_.get();
+    }
+    syncer_ = std::make_unique<IntSyncer>(runner_.get(), client,
                                           std::move(setup.options));
     syncer_->ObserveFrom(store_.get());
     syncer_->ReplaceDesired(std::move(setup.desired));
@@ -160,6 +295,7 @@ class SyncerTest : public ::testing::Test {
   std::unique_ptr<Store<std::string, int>> store_;
   std::unique_ptr<PushSource<std::string, int>> source_;
   std::unique_ptr<IntFake> fake_;
+  std::unique_ptr<ProbeClient> probe_;
   std::unique_ptr<IntSyncer> syncer_;
 };
 
@@ -519,7 +655,8 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   });
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.keys, 2);
-  EXPECT_EQ(s.in_flight, 2);  // in/1, and the forgotten out/1 still runs.
+  // in/1, and the forgotten out/1 until its cancelled call's result is back.
+  EXPECT_GE(s.in_flight, 1);
   OnRunner([&] {
     syncer_->SetDesired("out/2", 5);  // Not ours any more.
     syncer_->DeleteDesired("out/2");
@@ -530,6 +667,7 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   // still waits at the gate.
   EXPECT_THAT(syncer_->AwaitCallsWithin(InRange, Context()), IsOk());
   EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  ASSERT_TRUE(AwaitCondition([&] { return Status().in_flight == 1; }));
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
   ASSERT_TRUE(AwaitCondition(
@@ -575,6 +713,137 @@ TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
   EXPECT_EQ(fake_->stats().max_concurrent_per_key, 1);
   EXPECT_EQ(fake_->CallsFor("out/1", SyncOp::kUpdate), 2);
   EXPECT_EQ(fake_->CallsFor("out/1"), 2);
+}
+
+TEST_F(SyncerTest, ResetCancelsTheRunningCallsOfKeysThatLeftAndNoOthers) {
+  absl::flat_hash_map<std::string, int> world = {
+      {"in/1", 1}, {"in/2", 1}, {"out/1", 1}};
+  Start({.world = world, .desired = world, .probe = true});
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(3); }));
+
+  fake_->HoldCalls();  // The fake's gate ends a call whose context ends.
+  SetDesired("in/1", 2);
+  SetDesired("in/2", 2);
+  SetDesired("out/1", 2);
+  ASSERT_TRUE(fake_->AwaitHeldCalls(3));
+  OnRunner([&] {
+    syncer_->Reset(InRange);
+    source_->SetFilter(InRange);
+  });
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  // out/1's call saw its context cancelled and returned; the bound only
+  // keeps a broken syncer from hanging the test.
+  EXPECT_THAT(syncer_->AwaitCallsWithin(
+                  InRange, Context().WithTimeout(absl::Seconds(10))),
+              IsOk());
+  std::vector<ProbeClient::Seen> out = probe_->SeenFor("out/1");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].cancelled_at_end);
+  EXPECT_THAT(fake_->calls().back().result,
+              StatusIs(absl::StatusCode::kCancelled));
+  // The calls of keys still in range go on.
+  EXPECT_EQ(fake_->held_calls(), 2);
+  // Once out/1's result is back, only theirs are in flight.
+  ASSERT_TRUE(AwaitCondition([&] { return Status().in_flight == 2; }));
+  EXPECT_EQ(fake_->held_calls(), 2);
+
+  fake_->ReleaseCalls();
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+  for (const char* key : {"in/1", "in/2"}) {
+    std::vector<ProbeClient::Seen> in = probe_->SeenFor(key);
+    ASSERT_FALSE(in.empty()) << key;
+    EXPECT_FALSE(in.back().cancelled_at_end) << key;
+  }
+  EXPECT_EQ(fake_->world(), (absl::flat_hash_map<std::string, int>{
+                                {"in/1", 2}, {"in/2", 2}, {"out/1", 1}}));
+  SyncerCounters c = syncer_->counters();
+  EXPECT_EQ(c.updates, 2);
+  EXPECT_EQ(c.results_discarded, 1);
+  EXPECT_EQ(c.calls_cancelled, 1);
+  EXPECT_EQ(c.failures, 0);
+}
+
+TEST_F(SyncerTest, AwaitCallsWithinWaitsForACallThatIgnoresCancellation) {
+  absl::flat_hash_map<std::string, int> world = {{"in/1", 1}, {"out/1", 1}};
+  Start({.world = world, .desired = world, .probe = true});
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+
+  probe_->CloseGate();  // Its gate does not look at the context.
+  SetDesired("in/1", 2);
+  SetDesired("out/1", 2);
+  ASSERT_TRUE(AwaitCondition([&] { return probe_->at_gate() == 2; }));
+  OnRunner([&] {
+    syncer_->Reset(InRange);
+    source_->SetFilter(InRange);
+  });
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+
+  // The deadline bounds the wait; out/1's call still runs when it passes.
+  EXPECT_THAT(syncer_->AwaitCallsWithin(
+                  InRange, Context().WithTimeout(absl::Milliseconds(50))),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr(": 1 call(s) for keys outside the range")));
+  std::stop_source cancel;
+  cancel.request_stop();
+  EXPECT_THAT(syncer_->AwaitCallsWithin(InRange, Context(cancel.get_token())),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr(": 1 call(s)")));
+  // An empty filter selects every key: no call is outside it.
+  EXPECT_THAT(syncer_->AwaitCallsWithin(nullptr, Context()), IsOk());
+  EXPECT_EQ(probe_->at_gate(), 2);
+
+  probe_->OpenGate();
+  EXPECT_THAT(syncer_->AwaitCallsWithin(
+                  InRange, Context().WithTimeout(absl::Seconds(10))),
+              IsOk());
+  std::vector<ProbeClient::Seen> out = probe_->SeenFor("out/1");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].cancelled_at_end);
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  std::vector<ProbeClient::Seen> in = probe_->SeenFor("in/1");
+  ASSERT_EQ(in.size(), 1u);
+  EXPECT_FALSE(in[0].cancelled_at_end);
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
+  ASSERT_TRUE(AwaitCondition(
+      [&] { return syncer_->counters().results_discarded == 1; }));
+  EXPECT_EQ(syncer_->counters().updates, 1);
+}
+
+TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
+  absl::flat_hash_map<std::string, int> world = {{"in/1", 1}, {"out/1", 1}};
+  Start({.options = {.max_in_flight = 2, .updater_threads = 1},
+         .world = world,
+         .desired = world});
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+
+  fake_->HoldCalls();
+  SetDesired("in/1", 2);
+  ASSERT_TRUE(fake_->AwaitHeldCalls(1));  // The one updater is busy...
+  SetDesired("out/1", 2);                 // ...so this one waits for it.
+  EXPECT_EQ(Status().in_flight, 2);
+  OnRunner([&] {
+    syncer_->Reset(InRange);
+    source_->SetFilter(InRange);
+  });
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  // Nothing outside the range runs, nor ever will.
+  EXPECT_THAT(syncer_->AwaitCallsWithin(
+                  InRange, Context().WithTimeout(absl::Seconds(10))),
+              IsOk());
+  EXPECT_EQ(fake_->held_calls(), 1);
+
+  fake_->ReleaseCalls();
+  ASSERT_TRUE(AwaitCondition(
+      [&] { return syncer_->counters().results_discarded == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_EQ(fake_->CallsFor("out/1"), 0);
+  EXPECT_EQ(fake_->stats().calls, 1);
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
+  SyncerCounters c = syncer_->counters();
+  EXPECT_EQ(c.calls_cancelled, 1);
+  EXPECT_EQ(c.updates, 1);
+  EXPECT_EQ(c.not_started_at_stop, 0);
 }
 
 // --- Shutdown
@@ -743,6 +1012,381 @@ TEST_F(SyncerTest, DisabledOperationsStayPendingUntilEnabled) {
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
   EXPECT_EQ(fake_->Get("new"), 1);
   EXPECT_EQ(fake_->stats().calls, 2);
+}
+
+// --- Call values and stale owners
+// ---------------------------------------------
+
+TEST_F(SyncerTest, CallsCarryTheValuesTheyStartedUnder) {
+  Start({.probe = true});
+  SetDesired("a", 1);
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_THAT(probe_->TokensFor("a"), ElementsAre(-1));  // No values yet.
+
+  // Only the values are taken, not the cancellation or the deadline of the
+  // context they came in.
+  std::stop_source cancel;
+  cancel.request_stop();
+  Context ended = Context(cancel.get_token()).WithTimeout(absl::ZeroDuration());
+  OnRunner([&] { syncer_->SetCallValues(WithToken(1, ended)); });
+  SetDesired("a", 2);
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("a") == 2; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_THAT(probe_->TokensFor("a"), ElementsAre(-1, 1));
+  EXPECT_FALSE(probe_->SeenFor("a").back().cancelled_at_end);
+  EXPECT_THAT(fake_->calls().back().result, IsOk());
+
+  // A call running when the values change keeps the ones it started with;
+  // a call started after sees the new ones.
+  fake_->HoldCalls();
+  SetDesired("a", 3);
+  ASSERT_TRUE(fake_->AwaitHeldCalls(1));
+  OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
+  SetDesired("b", 1);
+  ASSERT_TRUE(fake_->AwaitHeldCalls(2));
+  fake_->ReleaseCalls();
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+  std::vector<ProbeClient::Seen> a = probe_->SeenFor("a");
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[2].token_at_start, 1);
+  EXPECT_EQ(a[2].token_at_end, 1);  // After SetCallValues(2) was applied.
+  std::vector<ProbeClient::Seen> b = probe_->SeenFor("b");
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].token_at_start, 2);
+  EXPECT_EQ(b[0].token_at_end, 2);
+
+  SetDesired("a", 4);
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("a") == 4; }));
+  EXPECT_THAT(probe_->TokensFor("a"), ElementsAre(-1, 1, 1, 2));
+}
+
+TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
+  Start({.options = {.backoff = kExactBackoff},
+         .simulated_clock = true,
+         .probe = true});
+  OnRunner([&] { syncer_->SetCallValues(WithToken(1)); });
+  // Refused once: any retry would succeed.
+  fake_->FailNextFor("k", 1,
+                     StaleOwnerError("create k: fencing token 1 is older "
+                                     "than 2"));
+  SetDesired("k", 1);
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->counters().stale_refusals == 1; }));
+  SyncerStatus<std::string> s = Status();
+  EXPECT_EQ(s.stale, 1);
+  EXPECT_EQ(s.failing, 0);
+  EXPECT_EQ(s.terminal, 0);  // Its code is kFailedPrecondition, a terminal one.
+  EXPECT_EQ(s.pending, 0);
+  ASSERT_EQ(s.failures.size(), 1u);
+  EXPECT_EQ(s.failures[0].key, "k");
+  EXPECT_FALSE(s.failures[0].terminal);
+  EXPECT_EQ(s.failures[0].next_attempt, absl::InfiniteFuture());
+  EXPECT_THAT(s.failures[0].last_error,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("fencing token")));
+  SyncerCounters c = syncer_->counters();
+  EXPECT_EQ(c.failures, 0);
+  EXPECT_EQ(c.terminal_failures, 0);
+
+  // No retry is scheduled, and an hour later, far past any backoff, none
+  // happened.
+  ASSERT_TRUE(AwaitNextTimer(absl::InfiniteFuture()));
+  clock_->AdvanceTime(absl::Hours(1));
+  OnRunner([] {});
+  // Nor when the key is worked out again: a lost and regained sync, a new
+  // desired value.
+  source_->MarkLostSync();
+  ASSERT_TRUE(AwaitCondition([&] { return !Status().in_sync; }));
+  source_->MarkSynced();
+  ASSERT_TRUE(AwaitCondition([&] { return Status().in_sync; }));
+  SetDesired("k", 2);
+  // Other keys go on meanwhile.
+  SetDesired("other", 1);
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("other") == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Status().converged == 1; }));
+  EXPECT_EQ(fake_->CallsFor("k"), 1);
+  EXPECT_EQ(Status().stale, 1);
+  EXPECT_EQ(syncer_->counters().stale_refusals, 1);
+
+  // A new assignment: the key is tried again, under it, and succeeds.
+  OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+  EXPECT_EQ(fake_->Get("k"), 2);
+  EXPECT_EQ(fake_->CallsFor("k"), 2);
+  EXPECT_THAT(probe_->TokensFor("k"), ElementsAre(1, 2));
+  s = Status();
+  EXPECT_EQ(s.stale, 0);
+  EXPECT_TRUE(s.failures.empty());
+  c = syncer_->counters();
+  EXPECT_EQ(c.stale_refusals, 1);
+  EXPECT_EQ(c.creates, 2);
+  EXPECT_EQ(c.failures, 0);
+}
+
+TEST_F(SyncerTest, AStaleRefusalUnderValuesSinceReplacedIsRetriedAtOnce) {
+  // The assignment changes (a newer token) while a call made under the old
+  // one runs; the system refuses that call as stale. The key must not wait
+  // for yet another SetCallValues: it already has new values.
+  Start({.probe = true});
+  OnRunner([&] { syncer_->SetCallValues(WithToken(1)); });
+  fake_->HoldCalls();
+  fake_->FailNextFor("k", 1, StaleOwnerError("create k: stale token 1"));
+  SetDesired("k", 1);
+  ASSERT_TRUE(fake_->AwaitHeldCalls(1));
+  OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
+  fake_->ReleaseCalls();
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->counters().stale_refusals == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_EQ(fake_->Get("k"), 1);
+  EXPECT_THAT(probe_->TokensFor("k"), ElementsAre(1, 2));
+  EXPECT_EQ(Status().stale, 0);
+}
+
+// Lines of `sink` that contain `text`.
+int LinesWith(spdlog::sinks::ringbuffer_sink_mt& sink, std::string_view text) {
+  int n = 0;
+  for (const std::string& line : sink.last_formatted()) {
+    if (line.find(text) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TEST_F(SyncerTest, StaleRefusalsAreLoggedOncePerSetCallValues) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
+  Start({.logger = std::make_shared<spdlog::logger>("syncer", sink)});
+  constexpr std::string_view kLine = "refused as a stale owner";
+  for (const char* key : {"a", "b"}) {
+    fake_->FailNextFor(key, 1, StaleOwnerError("write: stale token"));
+  }
+  SetDesired("a", 1);
+  SetDesired("b", 1);
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->counters().stale_refusals == 2; }));
+  OnRunner([] {});
+  EXPECT_EQ(LinesWith(*sink, kLine), 1);
+  EXPECT_EQ(Status().stale, 2);
+
+  // New values: both are tried again; "a" is refused again and logged
+  // again, once.
+  fake_->FailNextFor("a", 1, StaleOwnerError("write: stale token"));
+  OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->counters().stale_refusals == 3; }));
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("b") == 1; }));
+  OnRunner([] {});
+  EXPECT_EQ(LinesWith(*sink, kLine), 2);
+  EXPECT_EQ(Status().stale, 1);
+  EXPECT_FALSE(fake_->Get("a").has_value());
+}
+
+// --- Desired state from a store
+// -----------------------------------------------
+
+TEST_F(SyncerTest, DesireFromActsOnlyWhileTheDesiredStoreIsInSync) {
+  Build({});
+  Store<std::string, int> specs({.name = "specs", .logger = NullLogger()});
+  syncer_->DesireFrom(&specs);
+  ASSERT_THAT(syncer_->Start(), IsOk());
+  ASSERT_THAT(runner_->Start(), IsOk());
+  OnRunner([&] { specs.Set("a", 1); });
+  SyncerStatus<std::string> s = Status();
+  EXPECT_FALSE(s.in_sync);
+  EXPECT_EQ(s.pending, 1);
+  OnRunner([&] { specs.MarkSynced(); });
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_EQ(fake_->Get("a"), 1);
+
+  // Out of sync, then changes: no call.
+  OnRunner([&] {
+    specs.MarkLostSync();
+    specs.Set("a", 2);
+    specs.Set("b", 1);
+  });
+  OnRunner([] {});
+  s = Status();
+  EXPECT_FALSE(s.in_sync);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_EQ(fake_->stats().calls, 1);
+  OnRunner([&] { specs.MarkSynced(); });
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"a", 2}, {"b", 1}}));
+
+  // A key deleted from the desired store while it is out of sync stays in
+  // the world until the store is back.
+  OnRunner([&] {
+    specs.MarkLostSync();
+    specs.Delete("b");
+  });
+  OnRunner([] {});
+  EXPECT_EQ(fake_->Get("b"), 1);
+  EXPECT_EQ(fake_->stats().deletes, 0);
+  OnRunner([&] { specs.MarkSynced(); });
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+  EXPECT_EQ(fake_->world(), (absl::flat_hash_map<std::string, int>{{"a", 2}}));
+  EXPECT_EQ(fake_->stats().calls, 4);
+  EXPECT_EQ(fake_->CallsFor("b", SyncOp::kDelete), 1);
+  // Stop before the local store goes away.
+  syncer_->Stop();
+  runner_->Stop();
+}
+
+TEST_F(SyncerTest, DesireFromDeletesOnlyWhatIsObservedWhileObservedIsInSync) {
+  Build({.world = {{"x", 1}}});
+  Store<std::string, int> specs({.name = "specs", .logger = NullLogger()});
+  syncer_->DesireFrom(&specs);
+  ASSERT_THAT(syncer_->Start(), IsOk());
+  ASSERT_THAT(runner_->Start(), IsOk());
+  OnRunner([&] {
+    specs.Set("x", 1);
+    specs.MarkSynced();
+  });
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
+
+  // The observed side is out of sync: the delete waits for it.
+  source_->MarkLostSync();
+  ASSERT_TRUE(AwaitCondition([&] { return !Status().in_sync; }));
+  OnRunner([&] { specs.Delete("x"); });
+  OnRunner([] {});
+  EXPECT_EQ(fake_->stats().calls, 0);
+  EXPECT_EQ(fake_->Get("x"), 1);
+  source_->MarkSynced();
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(0); }));
+  EXPECT_FALSE(fake_->Get("x").has_value());
+
+  // Created but not observed yet: deleting it from the desired store
+  // deletes nothing until the syncer sees it in the world.
+  fake_->SetObservation(FakeObservation::kHeld);
+  OnRunner([&] { specs.Set("y", 1); });
+  ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("y") == 1; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return Status().awaiting_observation == 1; }));
+  OnRunner([&] { specs.Delete("y"); });
+  OnRunner([] {});
+  EXPECT_EQ(fake_->CallsFor("y", SyncOp::kDelete), 0);
+  EXPECT_EQ(fake_->Get("y"), 1);
+  EXPECT_EQ(fake_->DeliverHeld(), 1);  // Now it is observed.
+  ASSERT_TRUE(AwaitCondition([&] { return !fake_->Get("y").has_value(); }));
+  EXPECT_EQ(fake_->DeliverHeld(), 1);
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(0); }));
+  EXPECT_EQ(fake_->CallsFor("y", SyncOp::kDelete), 1);
+  EXPECT_EQ(fake_->stats().calls, 3);
+  syncer_->Stop();
+  runner_->Stop();
+}
+
+TEST_F(SyncerTest, DesireFromTakesWhatTheStoreAlreadyHolds) {
+  // The desired store was filled (and is in sync) before the syncer reads
+  // from it: its content is the desired state, not "nothing desired".
+  Build({.world = {{"a", 1}}});
+  Store<std::string, int> specs({.name = "specs", .logger = NullLogger()});
+  specs.Set("a", 1);
+  specs.Set("b", 2);
+  specs.MarkSynced();
+  syncer_->DesireFrom(&specs);
+  ASSERT_THAT(syncer_->Start(), IsOk());
+  ASSERT_THAT(runner_->Start(), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"a", 1}, {"b", 2}}));
+  EXPECT_EQ(fake_->stats().deletes, 0);
+  EXPECT_EQ(fake_->stats().calls, 1);
+  syncer_->Stop();
+  runner_->Stop();
+}
+
+// --- Manual updates
+// -----------------------------------------------------------
+
+// Threads of this process named `name` now.
+int ThreadsNamed(std::string_view name) {
+  int n = 0;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
+TEST_F(SyncerTest, ManualUpdatesRunCallsOnTheCallingThreadOnly) {
+  // The runner is never started: RunUntilIdle runs it on this thread.
+  Build({.options = {.manual_updates = true},
+         .simulated_clock = true,
+         .world = {{"old", 1}},
+         .probe = true});
+  // Updaters of earlier tests may still be listed for a moment after their
+  // join.
+  ASSERT_TRUE(AwaitCondition([] { return ThreadsNamed("sp-updater") == 0; }));
+  ASSERT_THAT(syncer_->Start(), IsOk());
+  EXPECT_EQ(ThreadsNamed("sp-updater"), 0);
+  runner_->RunUntilIdle();
+  ASSERT_TRUE(syncer_->StatusSnapshot().in_sync);
+
+  syncer_->SetDesired("a", 1);
+  syncer_->SetDesired("b", 2);
+  runner_->RunUntilIdle();
+  EXPECT_EQ(syncer_->StatusSnapshot().in_flight, 3);  // With old's delete.
+  EXPECT_EQ(fake_->stats().calls, 0);  // Handed over; nobody runs them.
+  EXPECT_EQ(syncer_->RunQueuedCalls(), 3);
+  EXPECT_EQ(syncer_->RunQueuedCalls(), 0);
+  runner_->RunUntilIdle();  // The results and the observations.
+  SyncerStatus<std::string> s = syncer_->StatusSnapshot();
+  EXPECT_EQ(s.keys, 2);
+  EXPECT_EQ(s.converged, 2);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"a", 1}, {"b", 2}}));
+
+  syncer_->SetDesired("a", 5);
+  syncer_->DeleteDesired("b");
+  runner_->RunUntilIdle();
+  EXPECT_EQ(syncer_->RunQueuedCalls(), 2);
+  runner_->RunUntilIdle();
+  s = syncer_->StatusSnapshot();
+  EXPECT_EQ(s.keys, 1);
+  EXPECT_EQ(s.converged, 1);
+  EXPECT_EQ(fake_->world(), (absl::flat_hash_map<std::string, int>{{"a", 5}}));
+
+  std::vector<ProbeClient::Seen> seen = probe_->seen();
+  ASSERT_EQ(seen.size(), 5u);
+  for (const ProbeClient::Seen& call : seen) {
+    EXPECT_EQ(call.thread, std::this_thread::get_id()) << call.key;
+  }
+  SyncerCounters c = syncer_->counters();
+  EXPECT_EQ(c.creates, 2);
+  EXPECT_EQ(c.updates, 1);
+  EXPECT_EQ(c.deletes, 2);
+  EXPECT_EQ(ThreadsNamed("sp-updater"), 0);
+}
+
+TEST_F(SyncerTest, ManualUpdatesDoNotRunAHandedOverCallForAKeyThatLeft) {
+  absl::flat_hash_map<std::string, int> world = {{"in/1", 1}, {"out/1", 1}};
+  Build({.options = {.manual_updates = true},
+         .simulated_clock = true,
+         .world = world,
+         .desired = world});
+  ASSERT_THAT(syncer_->Start(), IsOk());
+  runner_->RunUntilIdle();
+  syncer_->SetDesired("in/1", 2);
+  syncer_->SetDesired("out/1", 2);
+  runner_->RunUntilIdle();
+  EXPECT_EQ(syncer_->StatusSnapshot().in_flight, 2);
+  syncer_->Reset(InRange);
+  source_->SetFilter(InRange);
+  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->RunQueuedCalls(), 1);  // in/1's only.
+  runner_->RunUntilIdle();
+  EXPECT_EQ(fake_->CallsFor("out/1"), 0);
+  SyncerStatus<std::string> s = syncer_->StatusSnapshot();
+  EXPECT_EQ(s.keys, 1);
+  EXPECT_EQ(s.converged, 1);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_EQ(syncer_->counters().results_discarded, 1);
+  EXPECT_EQ(fake_->world(),
+            (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
 }
 
 // --- Start

@@ -202,7 +202,8 @@ struct SyncerKeyFailure {
   absl::Status last_error;
   int failures = 0;  // In a row.
   bool terminal = false;
-  absl::Time next_attempt = absl::InfiniteFuture();  // None for terminal.
+  // None (InfiniteFuture) for terminal and stale-owner keys.
+  absl::Time next_attempt = absl::InfiniteFuture();
 };
 
 // The state of every key at one moment, for operators and tests.
@@ -324,6 +325,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     SyncOp in_flight = SyncOp::kNone;
     bool terminal = false;
     bool stale = false;  // Refused as a stale owner: waits for new values.
+    // call_values_version_ when the call in flight was handed over.
+    uint64_t in_flight_values = 0;
     bool dirty = false;
     bool queued = false;
   };
@@ -418,7 +421,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   absl::Time tokens_at_ = absl::InfinitePast();
   std::mt19937_64 rng_;
   Context call_values_;
-  bool stale_logged_ = false;  // Since the last SetCallValues.
+  uint64_t call_values_version_ = 0;  // Counts SetCallValues.
+  bool stale_logged_ = false;         // Since the last SetCallValues.
 
   // Shared with the updater threads.
   mutable Mutex mu_;
@@ -671,6 +675,8 @@ void Syncer<K, D, O>::DesireFrom(Store<K, D>* store) {
           DeleteDesired(c.key);
         }
       });
+  // What the store holds already is desired too: it may be in sync now.
+  for (const auto& [key, value] : store->items()) SetDesired(key, value);
   DependOn(store);
   SetSelfSynced(true);
 }
@@ -871,6 +877,7 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetCallValues(const Context& values) {
   call_values_ = Context().WithValuesOf(values);
+  ++call_values_version_;
   stale_logged_ = false;
   for (Slot& slot : entries_) {
     if (slot.second.stale) {
@@ -1127,6 +1134,7 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     ready_.pop_front();
     e.queued = false;
     e.in_flight = op;
+    e.in_flight_values = call_values_version_;
     e.pending_since = absl::InfiniteFuture();
     ++in_flight_;
     batch.push_back(Work{slot, slot->first, op, e.desired, e.observed,
@@ -1328,7 +1336,11 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     e.last_error = r.status;
     return;
   }
-  if (IsStaleOwner(r.status)) {
+  if (IsStaleOwner(r.status) && e.in_flight_values != call_values_version_) {
+    // Refused under values SetCallValues has replaced since: that says
+    // nothing of the new ones, under which the key is tried again now.
+    counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
+  } else if (IsStaleOwner(r.status)) {
     // The system saw a newer owner's token: not ours to retry under this
     // assignment; a new one (SetCallValues) lets the key try again.
     counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
@@ -1433,7 +1445,7 @@ SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
         s.failures.size() < max_failures && e.in_flight == SyncOp::kNone) {
       s.failures.push_back(SyncerKeyFailure<K>{
           slot.first, e.last_error, static_cast<int>(e.failures), e.terminal,
-          e.terminal ? absl::InfiniteFuture() : e.not_before});
+          e.terminal || e.stale ? absl::InfiniteFuture() : e.not_before});
     }
   }
   return s;
