@@ -56,8 +56,8 @@
 //    (else AUTH would silently be skipped).
 //
 // Thread safety: value types and pure functions.
-#ifndef SETPOINT_NODE_POD_CONFIG_H_
-#define SETPOINT_NODE_POD_CONFIG_H_
+#ifndef SETPOINT_POD_POD_CONFIG_H_
+#define SETPOINT_POD_POD_CONFIG_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -107,4 +107,4 @@ absl::StatusOr<PodConfig> LoadPodConfig(
 
 }  // namespace setpoint
 
-#endif  // SETPOINT_NODE_POD_CONFIG_H_
+#endif  // SETPOINT_POD_POD_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "setpoint/node/pod_config.h"
+#include "setpoint/pod/pod_config.h"
 
 #include <sys/stat.h>
 
