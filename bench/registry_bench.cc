@@ -44,12 +44,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "integration/redis_server.h"
 #include "registry/redis/redis_client.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/faulty_node_registry.h"
 #include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/redis_server.h"
 
 namespace setpoint {
 namespace {

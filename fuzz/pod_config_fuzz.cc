@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "setpoint/node/pod_config.h"
+#include "setpoint/pod/pod_config.h"
 
 namespace {
 

@@ -24,6 +24,7 @@
 #include "records_api.h"
 #include "records_controller.h"
 #include "setpoint/node/node_manager.h"
+#include "setpoint/pod/pod_main.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "spdlog/spdlog.h"
 
@@ -78,7 +79,7 @@ struct Fleet {
 };
 
 int Demo(int records) {
-  spdlog::set_level(spdlog::level::warn);  // The library's own lines.
+  spdlog::set_level(spdlog::level::err);  // Retries of injected errors.
   RecordsApi api;
   Catalog catalog;
   RecordClient client(&api);
@@ -163,18 +164,48 @@ int Demo(int records) {
   return ok ? 0 : 1;
 }
 
+// A pod of the controller: PodMain reads flags and YAML, makes the
+// registry, handles signals and exit codes. Each pod has its own fake API,
+// so with several pods each converges the records of its own shards.
+int Pod(int argc, char** argv) {
+  RecordsApi api;
+  Catalog catalog;
+  RecordClient client(&api);
+  int records = 1000;
+  return setpoint::PodMain(
+      argc, argv,
+      {.program = "sharded",
+       .description = "Keeps the records of a zone on a fake DNS API; the "
+                      "nodes of kind records split them, one zone node "
+                      "leads. --demo runs three pods in one process.",
+       .kinds = {RecordsKind(&api, &catalog, &client).ToNodeKind(),
+                 ZoneKind(&api).ToNodeKind()},
+       .flags = {{.name = "records",
+                  .help = "records in the catalog (default 1000)",
+                  .set =
+                      [&](std::string_view v) {
+                        if (!absl::SimpleAtoi(
+                                absl::string_view(v.data(), v.size()),
+                                &records) ||
+                            records < 0) {
+                          return absl::InvalidArgumentError("not a count");
+                        }
+                        return absl::OkStatus();
+                      }}},
+       .on_started = [&](setpoint::NodeManager&) {
+         Fill(catalog, 0, records, "10.0");
+       }});
+}
+
 }  // namespace
 }  // namespace sharded
 
 int main(int argc, char** argv) {
-  int records = 1000;
-  bool demo = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--demo") demo = true;
-  }
-  if (demo) {
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
+    if (std::string(argv[i]) != "--demo") continue;
+    int records = 1000;
+    for (int j = 1; j < argc; ++j) {
+      std::string arg = argv[j];
       if (arg.rfind("--records=", 0) == 0 &&
           !absl::SimpleAtoi(arg.substr(10), &records)) {
         std::fprintf(stderr, "bad --records: %s\n", arg.c_str());
@@ -183,5 +214,5 @@ int main(int argc, char** argv) {
     }
     return sharded::Demo(records);
   }
-  return 0;
+  return sharded::Pod(argc, argv);
 }

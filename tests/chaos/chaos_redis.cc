@@ -18,7 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "integration/redis_server.h"
+#include "setpoint/testing/redis_server.h"
 
 namespace setpoint::chaos {
 namespace {

@@ -18,9 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "integration/redis_server.h"
 #include "setpoint/node/shard.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/redis_server.h"
 
 namespace setpoint {
 namespace {

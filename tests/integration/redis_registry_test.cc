@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "integration/redis_server.h"
 #include "registry/redis/redis_client.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/mutex.h"
@@ -16,6 +15,7 @@
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
 
 namespace setpoint {

@@ -58,8 +58,8 @@
 #include "setpoint/base/clock.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/node/node.h"
+#include "setpoint/node/node_registry.h"
 #include "setpoint/node/shard.h"
-#include "setpoint/registry/node_registry.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {

@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/mutex.h"
-#include "setpoint/registry/node_registry.h"
+#include "setpoint/node/node_registry.h"
 
 namespace setpoint {
 

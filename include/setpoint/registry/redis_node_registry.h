@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
-#include "setpoint/registry/node_registry.h"
+#include "setpoint/node/node_registry.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "setpoint/registry/node_registry.h"
+#include "setpoint/node/node_registry.h"
 
 namespace setpoint::testing {
 

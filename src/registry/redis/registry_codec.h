@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "registry/redis/redis_client.h"
+#include "setpoint/node/node_registry.h"
 #include "setpoint/node/shard.h"
-#include "setpoint/registry/node_registry.h"
 
 namespace setpoint::redis {
 

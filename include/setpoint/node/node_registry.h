@@ -15,8 +15,8 @@
 // for Redis), never by the caller's, so pods with skewed clocks agree.
 //
 // Thread safety: implementations are thread-safe.
-#ifndef SETPOINT_REGISTRY_NODE_REGISTRY_H_
-#define SETPOINT_REGISTRY_NODE_REGISTRY_H_
+#ifndef SETPOINT_NODE_NODE_REGISTRY_H_
+#define SETPOINT_NODE_NODE_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
@@ -134,4 +134,4 @@ class NodeRegistry {
 
 }  // namespace setpoint
 
-#endif  // SETPOINT_REGISTRY_NODE_REGISTRY_H_
+#endif  // SETPOINT_NODE_NODE_REGISTRY_H_

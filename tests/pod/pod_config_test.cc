@@ -1,10 +1,11 @@
-#include "setpoint/node/pod_config.h"
+#include "setpoint/pod/pod_config.h"
 
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +85,54 @@ TEST(PodConfigTest, DefaultsNeedAtLeastOneKind) {
   EXPECT_EQ(c->registry_type, "memory");
   EXPECT_EQ(c->manager.lease, absl::Seconds(3));
   EXPECT_EQ(c->manager.poll_interval, absl::Milliseconds(500));
+}
+
+TEST(PodConfigTest, TheProgramsKindsAreDefaultsTheConfigMayChange) {
+  std::vector<NodeKindOptions> kinds = {
+      {.kind = "work",
+       .count = 2,
+       .ring_size = 256,
+       .factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
+         return nullptr;
+       }},
+      {.kind = "idle", .count = 1, .ring_size = 64, .factory = nullptr}};
+  // Without a file the program's kinds are enough.
+  auto plain = ParsePodConfig("", {}, kinds);
+  ASSERT_THAT(plain.status(), IsOk());
+  ASSERT_EQ(plain->manager.kinds.size(), 2u);
+  EXPECT_EQ(plain->manager.kinds[0].count, 2);
+  EXPECT_EQ(plain->manager.kinds[0].ring_size, 256u);
+  EXPECT_NE(plain->manager.kinds[0].factory, nullptr);
+
+  auto c = ParsePodConfig("kinds: [{kind: extra}, {kind: work, count: 3}]\n",
+                          {"--kinds.work.ring_size=512"}, kinds);
+  ASSERT_THAT(c.status(), IsOk());
+  ASSERT_EQ(c->manager.kinds.size(), 3u);
+  EXPECT_EQ(c->manager.kinds[0].kind, "work");
+  EXPECT_EQ(c->manager.kinds[0].count, 3);          // The file's.
+  EXPECT_EQ(c->manager.kinds[0].ring_size, 512u);   // The override's.
+  EXPECT_NE(c->manager.kinds[0].factory, nullptr);  // The program's.
+  EXPECT_EQ(c->manager.kinds[1].kind, "idle");
+  EXPECT_EQ(c->manager.kinds[1].ring_size, 64u);
+  EXPECT_EQ(c->manager.kinds[2].kind, "extra");  // Added, without a factory.
+  EXPECT_EQ(c->manager.kinds[2].factory, nullptr);
+}
+
+TEST(PodConfigTest, EveryListedKeyIsOneTheParserKnows) {
+  ASSERT_FALSE(PodConfigKeys().empty());
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    std::string path(key.path);
+    if (size_t at = path.find("<kind>"); at != std::string::npos) {
+      path.replace(at, 6, "vm");
+    }
+    EXPECT_FALSE(key.help.empty()) << path;
+    EXPECT_FALSE(key.value.empty()) << path;
+    // An empty value is refused only once the key is known.
+    EXPECT_THAT(ParsePodConfig(kFull, {"--" + path + "="}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(path + " must not be empty")))
+        << path;
+  }
 }
 
 TEST(PodConfigTest, RefusesBadInputNamingTheField) {

@@ -1,4 +1,4 @@
-#include "integration/redis_server.h"
+#include "setpoint/testing/redis_server.h"
 
 #include <netinet/in.h>
 #include <signal.h>

@@ -11,11 +11,12 @@
 //
 // When redis-server is not installed, Start() returns kNotFound: tests skip
 // locally and fail when the CI environment variable is set (see
-// SETPOINT_REQUIRE_REDIS).
+// SETPOINT_START_REDIS_OR_SKIP). Part of setpoint::testing; it needs the
+// redis-server binary (Debian: redis-server) at run time only.
 //
 // Thread safety: one owner thread.
-#ifndef SETPOINT_TESTS_INTEGRATION_REDIS_SERVER_H_
-#define SETPOINT_TESTS_INTEGRATION_REDIS_SERVER_H_
+#ifndef SETPOINT_TESTING_REDIS_SERVER_H_
+#define SETPOINT_TESTING_REDIS_SERVER_H_
 
 #include <sys/types.h>
 
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gtest/gtest.h"
 
 namespace setpoint::testing {
 
@@ -99,4 +101,4 @@ void KillAndReap(pid_t pid);
     ASSERT_TRUE(started_.ok()) << started_;                                    \
   } while (false)
 
-#endif  // SETPOINT_TESTS_INTEGRATION_REDIS_SERVER_H_
+#endif  // SETPOINT_TESTING_REDIS_SERVER_H_

@@ -1,4 +1,4 @@
-#include "setpoint/node/pod_config.h"
+#include "setpoint/pod/pod_config.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -700,7 +700,8 @@ absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
 }
 
 absl::StatusOr<PodConfig> Parse(const std::string& yaml,
-                                const std::vector<std::string>& overrides) {
+                                const std::vector<std::string>& overrides,
+                                const std::vector<NodeKindOptions>& kinds) {
   if (yaml.size() > kPodConfigMaxBytes) {
     return Bad("", absl::StrCat("is ", yaml.size(), " bytes; the limit is ",
                                 kPodConfigMaxBytes));
@@ -733,9 +734,13 @@ absl::StatusOr<PodConfig> Parse(const std::string& yaml,
     flat[path] = Value{.text = std::string(rest.substr(eq + 1)), .line = 0};
   }
   PodConfig config;
-  // Kinds first, in file order, so the order of nodes stays as written.
+  // Kinds first: the program's, then the file's others in file order, so the
+  // order of nodes stays as written.
+  config.manager.kinds = kinds;
   for (const std::string& name : kind_order) {
-    config.manager.kinds.push_back(NodeKindOptions{.kind = name});
+    bool known = std::any_of(kinds.begin(), kinds.end(),
+                             [&](const auto& k) { return k.kind == name; });
+    if (!known) config.manager.kinds.push_back(NodeKindOptions{.kind = name});
   }
   for (const auto& [key, value] : flat) {
     SETPOINT_RETURN_IF_ERROR(Set(config, key, value));
@@ -780,20 +785,66 @@ std::string PodConfig::ToString() const {
   return out;
 }
 
+std::span<const PodConfigKey> PodConfigKeys() {
+  static constexpr PodConfigKey kKeys[] = {
+      {"pod_id", "<id>",
+       "names this process in node ids (default <hostname>-<pid>)"},
+      {"poll_interval", "<duration>",
+       "renew the leases and read the registry this often (default 500ms)"},
+      {"nudge_burst", "<n>",
+       "polls a burst of change announcements may cause at once (default 4)"},
+      {"lease", "<duration>",
+       "how long a renewal keeps the nodes alive for other pods; >= 2 * "
+       "poll_interval (default 3s)"},
+      {"fence_margin", "<duration>",
+       "stop working this long before the lease could expire (default 0: "
+       "max(20% of lease, poll_interval))"},
+      {"operation_timeout", "<duration>",
+       "registry calls and the graceful stop give up after this (default 2s)"},
+      {"kinds.<kind>.count", "<n>",
+       "nodes of the kind in this pod, 1..1024 (default: the program's, else "
+       "1)"},
+      {"kinds.<kind>.ring_size", "<n>",
+       "shards in the kind's ring, the same in every pod (default: the "
+       "program's, else 4096)"},
+      {"registry.type", "memory|redis",
+       "memory: this process only; redis: pods share a ring (default memory)"},
+      {"registry.address", "<address>",
+       "host:port, [::1]:port or unix:///path (default 127.0.0.1:6379)"},
+      {"registry.username", "<user>", "ACL user for AUTH (default none)"},
+      {"registry.password", "<password>",
+       "AUTH password; prefer password_env or password_file (default none)"},
+      {"registry.password_env", "<variable>",
+       "read the password from this environment variable"},
+      {"registry.password_file", "<path>",
+       "read the password from the first line of this file"},
+      {"registry.db", "<n>", "SELECT this database (default 0)"},
+      {"registry.namespace", "<name>",
+       "separates deployments on one Redis (default default)"},
+      {"registry.connect_timeout", "<duration>",
+       "give up a connect after this (default 1s)"},
+      {"registry.command_timeout", "<duration>",
+       "give up a round trip after this (default 1s)"},
+  };
+  return kKeys;
+}
+
 absl::StatusOr<PodConfig> ParsePodConfig(
-    const std::string& yaml, const std::vector<std::string>& overrides) {
-  absl::StatusOr<PodConfig> config = Parse(yaml, overrides);
+    const std::string& yaml, const std::vector<std::string>& overrides,
+    const std::vector<NodeKindOptions>& kinds) {
+  absl::StatusOr<PodConfig> config = Parse(yaml, overrides, kinds);
   if (!config.ok()) return Prefixed("pod config: ", config.status());
   return config;
 }
 
 absl::StatusOr<PodConfig> LoadPodConfig(
-    const std::string& path, const std::vector<std::string>& overrides) {
-  if (path.empty()) return ParsePodConfig("", overrides);
+    const std::string& path, const std::vector<std::string>& overrides,
+    const std::vector<NodeKindOptions>& kinds) {
+  if (path.empty()) return ParsePodConfig("", overrides, kinds);
   const std::string prefix = absl::StrCat("pod config ", Escape(path), ": ");
   absl::StatusOr<std::string> text = ReadRegularFile(path, kPodConfigMaxBytes);
   if (!text.ok()) return Prefixed(prefix, text.status());
-  absl::StatusOr<PodConfig> config = Parse(*text, overrides);
+  absl::StatusOr<PodConfig> config = Parse(*text, overrides, kinds);
   if (!config.ok()) return Prefixed(prefix, config.status());
   return config;
 }

@@ -56,12 +56,14 @@
 //    (else AUTH would silently be skipped).
 //
 // Thread safety: value types and pure functions.
-#ifndef SETPOINT_NODE_POD_CONFIG_H_
-#define SETPOINT_NODE_POD_CONFIG_H_
+#ifndef SETPOINT_POD_POD_CONFIG_H_
+#define SETPOINT_POD_POD_CONFIG_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -91,20 +93,40 @@ struct PodConfig {
   std::string ToString() const;
 };
 
+// One setting a file or an override may set, for help texts.
+struct PodConfigKey {
+  // The YAML path, which is also the override's name: "lease",
+  // "registry.address", "kinds.<kind>.count".
+  std::string_view path;
+  // What the value looks like: "<duration>", "memory|redis".
+  std::string_view value;
+  // One line: what it does and its default.
+  std::string_view help;
+};
+
+// Every setting: the top-level ones, the per-kind ones, then the registry's.
+std::span<const PodConfigKey> PodConfigKeys();
+
 // Parses YAML text, then applies `overrides` ("--path=value", a later one
 // wins over an earlier one and over the file), then validates by the rules
-// above. Returns kInvalidArgument naming the field (or the YAML line); the
-// caller should print it and exit: retrying cannot help.
+// above. `kinds` are the kinds the program runs: the config starts from
+// them (count, ring_size and factory as given), the file and the overrides
+// change their count and ring_size by name, and a kind only they name is
+// added after them without a factory (the caller decides whether that is
+// an error). Returns kInvalidArgument naming the field (or the YAML line);
+// the caller should print it and exit: retrying cannot help.
 absl::StatusOr<PodConfig> ParsePodConfig(
-    const std::string& yaml, const std::vector<std::string>& overrides = {});
+    const std::string& yaml, const std::vector<std::string>& overrides = {},
+    const std::vector<NodeKindOptions>& kinds = {});
 // Reads `path` and parses it as above; errors start with
 // "pod config <path>:". Returns kNotFound if it does not exist,
 // kPermissionDenied if it cannot be opened, kInvalidArgument if it is not a
 // regular file or larger than kPodConfigMaxBytes, or as ParsePodConfig. An
 // empty path starts from the defaults.
 absl::StatusOr<PodConfig> LoadPodConfig(
-    const std::string& path, const std::vector<std::string>& overrides = {});
+    const std::string& path, const std::vector<std::string>& overrides = {},
+    const std::vector<NodeKindOptions>& kinds = {});
 
 }  // namespace setpoint
 
-#endif  // SETPOINT_NODE_POD_CONFIG_H_
+#endif  // SETPOINT_POD_POD_CONFIG_H_

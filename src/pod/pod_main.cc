@@ -1,0 +1,673 @@
+#include "setpoint/pod/pod_main.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "setpoint/base/format.h"
+#include "setpoint/registry/in_memory_node_registry.h"
+#include "setpoint/registry/redis_node_registry.h"
+#include "spdlog/pattern_formatter.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+namespace {
+
+// Flags PodMain handles itself, with their help.
+struct BuiltinFlag {
+  absl::string_view name;
+  absl::string_view value;
+  absl::string_view help;
+};
+constexpr BuiltinFlag kBuiltinFlags[] = {
+    {"config", "<path>", "read this YAML pod config; flags win over it"},
+    {"duration", "<duration>",
+     "stop after this long; 0 runs until SIGINT/SIGTERM (default 0)"},
+    {"log_level", "<level>",
+     "trace, debug, info, warn, error or off (default info)"},
+    {"log_format", "text|json",
+     "text lines, or one JSON object per line (default text)"},
+    {"help", "", "print this and exit"},
+};
+
+std::string ProgramName(const PodMainOptions& options, int argc,
+                        const char* const* argv) {
+  if (!options.program.empty()) return options.program;
+  if (argc > 0 && argv[0] != nullptr && argv[0][0] != '\0') {
+    absl::string_view path = argv[0];
+    size_t slash = path.rfind('/');
+    return std::string(
+        slash == absl::string_view::npos ? path : path.substr(slash + 1));
+  }
+  return "pod";
+}
+
+// Debian's abseil has its own string_view.
+absl::string_view Abseil(std::string_view s) { return {s.data(), s.size()}; }
+
+bool IsBuiltinFlag(absl::string_view name) {
+  return std::any_of(std::begin(kBuiltinFlags), std::end(kBuiltinFlags),
+                     [&](const BuiltinFlag& f) { return f.name == name; });
+}
+
+// A PodConfig key: one of the listed paths, or any kinds.<...> path (the
+// parser names what is wrong with it).
+bool IsPodConfigKey(absl::string_view name) {
+  if (absl::StartsWith(name, "kinds.")) return true;
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    if (Abseil(key.path) == name) return true;
+  }
+  return false;
+}
+
+// User text in messages: control bytes and quotes escaped.
+std::string Escape(absl::string_view s) { return absl::CHexEscape(s); }
+
+std::string KindNames(const std::vector<NodeKindOptions>& kinds) {
+  return absl::StrJoin(
+      kinds, ", ",
+      [](std::string* out, const NodeKindOptions& k) { out->append(k.kind); });
+}
+
+std::optional<spdlog::level::level_enum> ParseLevel(absl::string_view v) {
+  if (v == "trace") return spdlog::level::trace;
+  if (v == "debug") return spdlog::level::debug;
+  if (v == "info") return spdlog::level::info;
+  if (v == "warn") return spdlog::level::warn;
+  if (v == "error") return spdlog::level::err;
+  if (v == "off") return spdlog::level::off;
+  return std::nullopt;
+}
+
+// Checks what the program gave; an error here is the program's bug.
+absl::Status CheckProgramOptions(const PodMainOptions& options) {
+  if (options.kinds.empty()) {
+    return absl::InvalidArgumentError(
+        "the program runs no kinds (PodMainOptions::kinds is empty)");
+  }
+  for (size_t i = 0; i < options.kinds.size(); ++i) {
+    const NodeKindOptions& kind = options.kinds[i];
+    if (kind.factory == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kind \"", Escape(kind.kind), "\" has no factory"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (options.kinds[j].kind == kind.kind) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kind \"", Escape(kind.kind), "\" is given twice"));
+      }
+    }
+  }
+  for (size_t i = 0; i < options.flags.size(); ++i) {
+    const PodFlag& flag = options.flags[i];
+    const std::string shown =
+        absl::StrCat("program flag --", Escape(flag.name));
+    if (flag.name.empty() || flag.name[0] == '-' ||
+        flag.name.find_first_of("= ") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shown, " has a bad name: non-empty, no leading '-', no '=' or ' '"));
+    }
+    if (IsBuiltinFlag(flag.name) || IsPodConfigKey(flag.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shown, " clashes with a built-in flag or a pod config key"));
+    }
+    if (flag.set == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(shown, " has no setter"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (options.flags[j].name == flag.name) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(shown, " is given twice"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CallSetter(const PodFlag& flag, absl::string_view value) {
+  try {
+    return flag.set(std::string_view(value.data(), value.size()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("setter threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("setter threw");
+  }
+}
+
+// ---- JSON logs ------------------------------------------------------------
+
+// The length of the well-formed UTF-8 sequence (RFC 3629: no overlong
+// forms, no surrogates, at most U+10FFFF) of 2 to 4 bytes at s[i], or 0.
+size_t Utf8SequenceLength(absl::string_view s, size_t i) {
+  auto byte = [&](size_t k) -> unsigned {
+    return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+  };
+  auto in = [](unsigned b, unsigned lo, unsigned hi) {
+    return b >= lo && b <= hi;
+  };
+  const unsigned c = byte(0);
+  if (in(c, 0xc2, 0xdf)) return in(byte(1), 0x80, 0xbf) ? 2 : 0;
+  if (in(c, 0xe0, 0xef)) {
+    const unsigned lo = c == 0xe0 ? 0xa0 : 0x80;
+    const unsigned hi = c == 0xed ? 0x9f : 0xbf;
+    return in(byte(1), lo, hi) && in(byte(2), 0x80, 0xbf) ? 3 : 0;
+  }
+  if (in(c, 0xf0, 0xf4)) {
+    const unsigned lo = c == 0xf0 ? 0x90 : 0x80;
+    const unsigned hi = c == 0xf4 ? 0x8f : 0xbf;
+    return in(byte(1), lo, hi) && in(byte(2), 0x80, 0xbf) &&
+                   in(byte(3), 0x80, 0xbf)
+               ? 4
+               : 0;
+  }
+  return 0;
+}
+
+void AppendJsonString(absl::string_view s, std::string* out) {
+  out->push_back('"');
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      size_t n = Utf8SequenceLength(s, i);
+      if (n == 0) {
+        out->append("\\ufffd");
+        ++i;
+      } else {
+        out->append(s.data() + i, n);
+        i += n;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          absl::StrAppendFormat(out, "\\u%04x", c);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  out->push_back('"');
+}
+
+const char* JsonLevel(spdlog::level::level_enum level) {
+  switch (level) {
+    case spdlog::level::trace:
+      return "trace";
+    case spdlog::level::debug:
+      return "debug";
+    case spdlog::level::info:
+      return "info";
+    case spdlog::level::warn:
+      return "warn";
+    case spdlog::level::err:
+      return "error";
+    case spdlog::level::critical:
+      return "critical";
+    default:
+      return "off";
+  }
+}
+
+class JsonLogFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg,
+              spdlog::memory_buf_t& dest) override {
+    std::string line = "{\"time\":\"";
+    line.append(absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ",
+                                 absl::FromChrono(msg.time),
+                                 absl::UTCTimeZone()));
+    line.append("\",\"level\":\"");
+    line.append(JsonLevel(msg.level));
+    line.append("\",\"logger\":");
+    AppendJsonString(
+        absl::string_view(msg.logger_name.data(), msg.logger_name.size()),
+        &line);
+    line.append(",\"msg\":");
+    AppendJsonString(absl::string_view(msg.payload.data(), msg.payload.size()),
+                     &line);
+    line.append("}\n");
+    dest.append(line.data(), line.data() + line.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonLogFormatter>();
+  }
+};
+
+// ---- Signals --------------------------------------------------------------
+
+// Waits for a signal on `signal_fd` (returns its number), for `wake_fd` to
+// become readable or for `deadline` to pass (returns 0). -1 on an error.
+int WaitForSignal(
+    int signal_fd, int wake_fd,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline.has_value()) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          *deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return 0;
+      timeout_ms = static_cast<int>(
+          std::min<int64_t>(left.count(), std::numeric_limits<int>::max()));
+    }
+    pollfd fds[2] = {{.fd = signal_fd, .events = POLLIN, .revents = 0},
+                     {.fd = wake_fd, .events = POLLIN, .revents = 0}};
+    int n = poll(fds, wake_fd >= 0 ? 2 : 1, timeout_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    if ((fds[0].revents & POLLIN) != 0) {
+      signalfd_siginfo info;
+      ssize_t got = read(signal_fd, &info, sizeof(info));
+      if (got == static_cast<ssize_t>(sizeof(info))) {
+        return static_cast<int>(info.ssi_signo);
+      }
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return -1;
+    }
+    if (wake_fd >= 0 && fds[1].revents != 0) return 0;
+  }
+}
+
+const char* SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal";
+}
+
+void WriteAll(int fd, absl::string_view text) {
+  while (!text.empty()) {
+    ssize_t n = write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    text.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+std::string Usage(const PodMainOptions& options, const std::string& program) {
+  std::string out = absl::StrCat("usage: ", program, " [--flag=value ...]\n");
+  if (!options.description.empty()) {
+    absl::StrAppend(&out, "\n", options.description, "\n");
+  }
+  if (!options.kinds.empty()) {
+    absl::StrAppend(&out, "\nKinds: ",
+                    absl::StrJoin(options.kinds, ", ",
+                                  [](std::string* o, const NodeKindOptions& k) {
+                                    absl::StrAppend(o, k.kind, " (count ",
+                                                    k.count, ", ring_size ",
+                                                    k.ring_size, ")");
+                                  }),
+                    "\n");
+  }
+  auto line = [&out](absl::string_view name, absl::string_view value,
+                     absl::string_view help) {
+    std::string left =
+        absl::StrCat("  --", name, value.empty() ? "" : "=", value);
+    constexpr size_t kColumn = 40;
+    left.append(left.size() + 2 <= kColumn ? kColumn - left.size() : 2, ' ');
+    absl::StrAppend(&out, left, help, "\n");
+  };
+  out.append("\nFlags:\n");
+  for (const BuiltinFlag& f : kBuiltinFlags) {
+    if (f.name == "config" && !options.default_config_path.empty()) {
+      line(f.name, f.value,
+           absl::StrCat(f.help, " (default ", options.default_config_path,
+                        "; --config= reads none)"));
+    } else {
+      line(f.name, f.value, f.help);
+    }
+  }
+  out.append("\nPod config (the YAML keys; a flag wins over the file):\n");
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    line(Abseil(key.path), Abseil(key.value), Abseil(key.help));
+  }
+  if (!options.flags.empty()) {
+    absl::StrAppend(&out, "\n", program, "'s flags:\n");
+    for (const PodFlag& flag : options.flags) {
+      line(flag.name, "<value>", flag.help);
+    }
+  }
+  out.append(
+      "\nExit codes: 0 stopped (SIGINT/SIGTERM or --duration), 1 failed, "
+      "2 bad configuration.\nA second SIGINT/SIGTERM during the graceful "
+      "stop exits at once with 1.\n");
+  return out;
+}
+
+}  // namespace
+
+std::string PodUsage(const PodMainOptions& options) {
+  return Usage(options, options.program.empty() ? "pod" : options.program);
+}
+
+PodArgsResult ParsePodArgs(int argc, const char* const* argv,
+                           const PodMainOptions& options) {
+  const std::string program = ProgramName(options, argc, argv);
+  auto exit_with = [&](int code, absl::string_view message) {
+    return PodArgsResult{.args = std::nullopt,
+                         .exit_code = code,
+                         .text = absl::StrCat(program, ": ", message, "\n")};
+  };
+  if (absl::Status s = CheckProgramOptions(options); !s.ok()) {
+    return exit_with(kPodExitFailed, s.message());
+  }
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      return PodArgsResult{.args = std::nullopt,
+                           .exit_code = kPodExitOk,
+                           .text = Usage(options, program)};
+    }
+  }
+  PodArgs args;
+  std::optional<std::string> config_path;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    // Never echo what is not a flag: it may be the value of one, a password
+    // given as "--registry.password hunter2".
+    if (!absl::ConsumePrefix(&arg, "--") || arg.empty() || arg[0] == '=') {
+      return exit_with(kPodExitBadConfig,
+                       absl::StrCat("argument ", i,
+                                    " is not a flag; flags are --name=value "
+                                    "(see --help)"));
+    }
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(0, eq));
+    if (eq == absl::string_view::npos) {
+      return exit_with(
+          kPodExitBadConfig,
+          absl::StrCat("flag --", Escape(name), " needs a value: --",
+                       Escape(name), "=<value> (see --help)"));
+    }
+    const absl::string_view value = arg.substr(eq + 1);
+    const PodFlag* program_flag = nullptr;
+    for (const PodFlag& flag : options.flags) {
+      if (flag.name == name) program_flag = &flag;
+    }
+    if (name == "config") {
+      config_path = std::string(value);
+    } else if (name == "duration") {
+      absl::Duration d;
+      if (!absl::ParseDuration(value, &d)) {
+        return exit_with(kPodExitBadConfig,
+                         absl::StrCat("--duration: \"", Escape(value),
+                                      "\" is not a duration (like 30s or 5m; "
+                                      "0 runs until a signal)"));
+      }
+      if (d < absl::ZeroDuration()) {
+        return exit_with(kPodExitBadConfig,
+                         absl::StrCat("--duration must not be negative, got ",
+                                      absl::FormatDuration(d)));
+      }
+      args.duration = d;
+    } else if (name == "log_level") {
+      std::optional<spdlog::level::level_enum> level = ParseLevel(value);
+      if (!level.has_value()) {
+        return exit_with(kPodExitBadConfig,
+                         absl::StrCat("--log_level must be trace, debug, info, "
+                                      "warn, error or off, got \"",
+                                      Escape(value), "\""));
+      }
+      args.log_level = *level;
+    } else if (name == "log_format") {
+      if (value == "text") {
+        args.log_format = PodLogFormat::kText;
+      } else if (value == "json") {
+        args.log_format = PodLogFormat::kJson;
+      } else {
+        return exit_with(kPodExitBadConfig,
+                         absl::StrCat("--log_format must be text or json, "
+                                      "got \"",
+                                      Escape(value), "\""));
+      }
+    } else if (program_flag != nullptr) {
+      if (absl::Status s = CallSetter(*program_flag, value); !s.ok()) {
+        return exit_with(kPodExitBadConfig,
+                         absl::StrCat("--", name, ": ", s.message()));
+      }
+    } else if (IsPodConfigKey(name)) {
+      overrides.push_back(std::string(argv[i]));
+    } else {
+      return exit_with(
+          kPodExitBadConfig,
+          absl::StrCat("unknown flag --", Escape(name), " (see --help)"));
+    }
+  }
+  args.config_path = config_path.value_or(options.default_config_path);
+  absl::StatusOr<PodConfig> config =
+      LoadPodConfig(args.config_path, overrides, options.kinds);
+  if (!config.ok()) {
+    return exit_with(kPodExitBadConfig, config.status().message());
+  }
+  for (const NodeKindOptions& kind : config->manager.kinds) {
+    bool known = std::any_of(
+        options.kinds.begin(), options.kinds.end(),
+        [&](const NodeKindOptions& k) { return k.kind == kind.kind; });
+    if (!known) {
+      return exit_with(
+          kPodExitBadConfig,
+          absl::StrCat("pod config: kind \"", Escape(kind.kind),
+                       "\" is not one this program runs (it runs: ",
+                       KindNames(options.kinds), ")"));
+    }
+  }
+  args.config = *std::move(config);
+  return PodArgsResult{
+      .args = std::move(args), .exit_code = kPodExitOk, .text = ""};
+}
+
+absl::StatusOr<std::unique_ptr<NodeRegistry>> MakeNodeRegistry(
+    const PodConfig& config, std::shared_ptr<spdlog::logger> logger) {
+  if (config.registry_type == "memory") {
+    return std::make_unique<InMemoryNodeRegistry>();
+  }
+  if (config.registry_type == "redis") {
+    RedisNodeRegistryOptions options = config.redis;
+    if (options.logger == nullptr) options.logger = std::move(logger);
+    absl::StatusOr<std::unique_ptr<RedisNodeRegistry>> redis =
+        RedisNodeRegistry::Create(std::move(options));
+    if (!redis.ok()) {
+      return absl::Status(
+          redis.status().code(),
+          absl::StrCat("make node registry: ", redis.status().message()));
+    }
+    return std::unique_ptr<NodeRegistry>(std::move(*redis));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("make node registry: registry.type must be memory or "
+                   "redis, got \"",
+                   Escape(config.registry_type), "\""));
+}
+
+std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter() {
+  return std::make_unique<JsonLogFormatter>();
+}
+
+std::shared_ptr<spdlog::logger> MakePodLogger(const std::string& name,
+                                              const PodArgs& args,
+                                              spdlog::sink_ptr sink) {
+  const bool json = args.log_format == PodLogFormat::kJson;
+  if (sink == nullptr) {
+    if (json) {
+      sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    } else {
+      sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+    }
+  }
+  auto logger = std::make_shared<spdlog::logger>(name, std::move(sink));
+  if (json) {
+    logger->set_formatter(MakeJsonLogFormatter());
+  } else {
+    logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
+        "%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ %n: %v", spdlog::pattern_time_type::utc));
+  }
+  logger->set_level(args.log_level);
+  return logger;
+}
+
+int PodMain(int argc, char** argv, PodMainOptions options) {
+  // First of all, so every thread started from here on inherits the mask
+  // and the signals reach only the signalfd.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  PodArgsResult parsed = ParsePodArgs(argc, argv, options);
+  if (!parsed.args.has_value()) {
+    WriteAll(parsed.exit_code == kPodExitOk ? STDOUT_FILENO : STDERR_FILENO,
+             parsed.text);
+    return parsed.exit_code;
+  }
+  const PodArgs& args = *parsed.args;
+  const std::string program = ProgramName(options, argc, argv);
+  std::shared_ptr<spdlog::logger> logger = MakePodLogger(program, args);
+  spdlog::set_default_logger(logger);
+  SPDLOG_LOGGER_INFO(logger, "pod starting config_file={} {}",
+                     args.config_path.empty() ? "<none>" : args.config_path,
+                     args.config.ToString());
+
+  absl::StatusOr<std::unique_ptr<NodeRegistry>> registry =
+      MakeNodeRegistry(args.config, logger);
+  if (!registry.ok()) {
+    SPDLOG_LOGGER_ERROR(logger, "pod not started: {}",
+                        std::string(registry.status().message()));
+    return kPodExitBadConfig;
+  }
+  const int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    SPDLOG_LOGGER_ERROR(logger, "pod not started: signalfd: {}",
+                        strerror(errno));
+    return kPodExitFailed;
+  }
+  NodeManagerOptions manager_options = args.config.manager;
+  manager_options.registry = registry->get();
+  manager_options.logger = logger;
+  NodeManager manager(std::move(manager_options));
+  if (absl::Status s = manager.Start(); !s.ok()) {
+    SPDLOG_LOGGER_ERROR(logger, "pod not started: {}", s);
+    close(signal_fd);
+    return absl::IsInvalidArgument(s) ? kPodExitBadConfig : kPodExitFailed;
+  }
+  if (options.on_started != nullptr) {
+    std::string failure;
+    try {
+      options.on_started(manager);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    } catch (...) {
+      failure = "unknown exception";
+    }
+    if (!failure.empty()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod stopping: on_started threw: {}",
+                          failure);
+      manager.Stop();
+      close(signal_fd);
+      return kPodExitFailed;
+    }
+  }
+
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (args.duration > absl::ZeroDuration() &&
+      args.duration < absl::InfiniteDuration()) {
+    deadline = std::chrono::steady_clock::now() +
+               absl::ToChronoNanoseconds(args.duration);
+  }
+  int exit_code = kPodExitOk;
+  const int sig = WaitForSignal(signal_fd, -1, deadline);
+  if (sig > 0) {
+    SPDLOG_LOGGER_INFO(logger,
+                       "pod stopping signal={}: handing the shards over; "
+                       "another signal exits at once",
+                       SignalName(sig));
+  } else if (sig == 0) {
+    SPDLOG_LOGGER_INFO(logger,
+                       "pod stopping duration={}: handing the shards "
+                       "over",
+                       args.duration);
+  } else {
+    SPDLOG_LOGGER_ERROR(logger, "pod stopping: waiting for signals failed: {}",
+                        strerror(errno));
+    exit_code = kPodExitFailed;
+  }
+
+  // A second signal during the graceful stop ends the process at once.
+  const int wake_fd = eventfd(0, EFD_CLOEXEC);
+  std::jthread watcher;
+  if (wake_fd >= 0) {
+    watcher = std::jthread([&] {
+      pthread_setname_np(pthread_self(), "sp-signals");
+      int again = WaitForSignal(signal_fd, wake_fd, std::nullopt);
+      if (again > 0) {
+        WriteAll(STDERR_FILENO,
+                 absl::StrCat(program, ": second ", SignalName(again),
+                              " during the graceful stop; exiting at once\n"));
+        _exit(kPodExitFailed);
+      }
+    });
+  } else {
+    SPDLOG_LOGGER_WARN(logger,
+                       "pod stopping without a watch for a second signal: "
+                       "eventfd: {}",
+                       strerror(errno));
+  }
+  manager.Stop();
+  if (wake_fd >= 0) {
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd, &one, sizeof(one));
+    (void)n;
+    watcher.join();
+    close(wake_fd);
+  }
+  close(signal_fd);
+  SPDLOG_LOGGER_INFO(logger, "pod stopped exit_code={}", exit_code);
+  return exit_code;
+}
+
+}  // namespace setpoint

@@ -1,0 +1,650 @@
+#include "setpoint/pod/pod_main.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "setpoint/base/context.h"
+#include "setpoint/registry/in_memory_node_registry.h"
+#include "setpoint/testing/redis_server.h"  // KillAndReap
+#include "setpoint/testing/status_matchers.h"
+#include "spdlog/sinks/ostream_sink.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+class NoopNode : public Node {
+ public:
+  absl::Status Run(const Context& ctx) override {
+    (void)ctx.Wait(absl::InfiniteDuration());
+    return absl::OkStatus();
+  }
+  absl::Status UpdateShardRange(const Context&,
+                                const ShardAssignment&) override {
+    return absl::OkStatus();
+  }
+};
+
+std::unique_ptr<Node> MakeNoop(const NodeInfo&) {
+  return std::make_unique<NoopNode>();
+}
+
+// A program with kinds "work" (1 node, ring 128) and "idle" (2 nodes), and
+// a flag --jobs=<n>.
+struct Program {
+  int jobs = 0;
+  PodMainOptions options;
+
+  Program() {
+    options = {
+        .program = "prog",
+        .description = "Runs the work.",
+        .kinds = {{.kind = "work",
+                   .count = 1,
+                   .ring_size = 128,
+                   .factory = MakeNoop},
+                  {.kind = "idle", .count = 2, .factory = MakeNoop}},
+        .flags = {{.name = "jobs",
+                   .help = "how many jobs to make",
+                   .set =
+                       [this](std::string_view v) {
+                         if (!absl::SimpleAtoi(
+                                 absl::string_view(v.data(), v.size()),
+                                 &jobs)) {
+                           return absl::InvalidArgumentError("not a number");
+                         }
+                         return absl::OkStatus();
+                       }}},
+    };
+  }
+
+  PodArgsResult Parse(std::vector<std::string> flags) const {
+    std::vector<const char*> argv = {"/usr/bin/prog"};
+    for (const std::string& f : flags) argv.push_back(f.c_str());
+    return ParsePodArgs(static_cast<int>(argv.size()), argv.data(), options);
+  }
+};
+
+// A temporary file with `text`, removed at the end of the test.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    path_ = ::testing::TempDir() + "/pod_main_test_" +
+            std::to_string(getpid()) + "_" + std::to_string(counter_++) +
+            ".yaml";
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+// ---- ParsePodArgs ----------------------------------------------------------
+
+TEST(ParsePodArgsTest, OverridesReachTheConfig) {
+  Program p;
+  PodArgsResult r =
+      p.Parse({"--lease=5s", "--pod_id=p1", "--registry.type=redis",
+               "--registry.address=10.0.0.1:7000", "--duration=30s",
+               "--log_level=debug", "--log_format=json", "--jobs=7"});
+  ASSERT_TRUE(r.args.has_value()) << r.text;
+  const PodConfig& c = r.args->config;
+  EXPECT_EQ(c.manager.lease, absl::Seconds(5));
+  EXPECT_EQ(c.manager.pod_id, "p1");
+  EXPECT_EQ(c.registry_type, "redis");
+  EXPECT_EQ(c.redis.address, "10.0.0.1:7000");
+  EXPECT_EQ(r.args->duration, absl::Seconds(30));
+  EXPECT_EQ(r.args->log_level, spdlog::level::debug);
+  EXPECT_EQ(r.args->log_format, PodLogFormat::kJson);
+  EXPECT_EQ(p.jobs, 7);
+}
+
+TEST(ParsePodArgsTest, DefaultsWithoutFlags) {
+  Program p;
+  PodArgsResult r = p.Parse({});
+  ASSERT_TRUE(r.args.has_value()) << r.text;
+  EXPECT_EQ(r.args->config.registry_type, "memory");
+  EXPECT_EQ(r.args->config_path, "");
+  EXPECT_EQ(r.args->duration, absl::ZeroDuration());
+  EXPECT_EQ(r.args->log_level, spdlog::level::info);
+  EXPECT_EQ(r.args->log_format, PodLogFormat::kText);
+}
+
+TEST(ParsePodArgsTest, KindCountsMergeWithTheProgramsKinds) {
+  Program p;
+  PodArgsResult r = p.Parse({"--kinds.work.count=3"});
+  ASSERT_TRUE(r.args.has_value()) << r.text;
+  const auto& kinds = r.args->config.manager.kinds;
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0].kind, "work");
+  EXPECT_EQ(kinds[0].count, 3);
+  EXPECT_EQ(kinds[0].ring_size, 128u);
+  EXPECT_NE(kinds[0].factory, nullptr);
+  EXPECT_EQ(kinds[1].kind, "idle");
+  EXPECT_EQ(kinds[1].count, 2);
+  EXPECT_NE(kinds[1].factory, nullptr);
+}
+
+TEST(ParsePodArgsTest, TheFileChangesTheKindsAndFlagsWinOverIt) {
+  Program p;
+  TempFile file("lease: 4s\nkinds: [{kind: idle, count: 5}]\n");
+  PodArgsResult r = p.Parse({"--config=" + file.path(), "--lease=6s"});
+  ASSERT_TRUE(r.args.has_value()) << r.text;
+  EXPECT_EQ(r.args->config_path, file.path());
+  EXPECT_EQ(r.args->config.manager.lease, absl::Seconds(6));
+  ASSERT_EQ(r.args->config.manager.kinds.size(), 2u);
+  EXPECT_EQ(r.args->config.manager.kinds[1].count, 5);
+  EXPECT_NE(r.args->config.manager.kinds[1].factory, nullptr);
+}
+
+TEST(ParsePodArgsTest, ALaterFlagWins) {
+  Program p;
+  PodArgsResult r = p.Parse(
+      {"--lease=5s", "--lease=7s", "--log_level=warn", "--log_level=off"});
+  ASSERT_TRUE(r.args.has_value()) << r.text;
+  EXPECT_EQ(r.args->config.manager.lease, absl::Seconds(7));
+  EXPECT_EQ(r.args->log_level, spdlog::level::off);
+}
+
+TEST(ParsePodArgsTest, UnknownFlagIsCode2NamingTheFlag) {
+  Program p;
+  PodArgsResult r = p.Parse({"--bogus=1"});
+  EXPECT_FALSE(r.args.has_value());
+  EXPECT_EQ(r.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(r.text, AllOf(StartsWith("prog: "), HasSubstr("--bogus")));
+  EXPECT_EQ(r.text.back(), '\n');
+}
+
+TEST(ParsePodArgsTest, NeverEchoesAValueItDoesNotUnderstand) {
+  Program p;
+  for (const std::vector<std::string>& flags :
+       std::vector<std::vector<std::string>>{
+           {"--registry.pasword=hunter2"},
+           {"--registry.password", "hunter2"},
+           {"--registry.type=redis", "--registry.password=hunter2",
+            "--registry.password_env=SOME_VAR"}}) {
+    PodArgsResult r = p.Parse(flags);
+    EXPECT_EQ(r.exit_code, kPodExitBadConfig) << flags[0];
+    EXPECT_THAT(r.text, Not(HasSubstr("hunter2")));
+  }
+}
+
+TEST(ParsePodArgsTest, WhatIsNotANameValueFlagIsCode2) {
+  Program p;
+  PodArgsResult positional = p.Parse({"lease"});
+  EXPECT_EQ(positional.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(positional.text, HasSubstr("argument 1 is not a flag"));
+  PodArgsResult bare = p.Parse({"--lease"});
+  EXPECT_EQ(bare.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(bare.text, HasSubstr("--lease needs a value"));
+}
+
+TEST(ParsePodArgsTest, BadValuesAreCode2NamingTheFlag) {
+  Program p;
+  struct Case {
+    std::string flag;
+    std::string want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--duration=soon", "--duration"},
+           {"--duration=-1s", "--duration must not be negative"},
+           {"--lease=bogus", "lease"},
+           {"--kinds.work.count=0", "kinds.work.count"},
+           {"--log_level=loud", "--log_level"},
+           {"--log_format=xml", "--log_format"},
+           {"--jobs=many", "--jobs: not a number"},
+       }) {
+    PodArgsResult r = p.Parse({c.flag});
+    EXPECT_FALSE(r.args.has_value()) << c.flag;
+    EXPECT_EQ(r.exit_code, kPodExitBadConfig) << c.flag;
+    EXPECT_THAT(r.text, HasSubstr(c.want)) << c.flag;
+  }
+}
+
+TEST(ParsePodArgsTest, AKindTheProgramDoesNotRunIsCode2) {
+  Program p;
+  PodArgsResult by_flag = p.Parse({"--kinds.other.count=2"});
+  EXPECT_EQ(by_flag.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(by_flag.text, AllOf(HasSubstr("kind \"other\""),
+                                  HasSubstr("it runs: work, idle")));
+  TempFile file("kinds: [{kind: other}]\n");
+  PodArgsResult by_file = p.Parse({"--config=" + file.path()});
+  EXPECT_EQ(by_file.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(by_file.text, HasSubstr("kind \"other\""));
+}
+
+TEST(ParsePodArgsTest, BadYamlIsCode2NamingTheFileAndLine) {
+  Program p;
+  TempFile file("lease: 3s\nleese: 4s\n");
+  PodArgsResult r = p.Parse({"--config=" + file.path()});
+  EXPECT_EQ(r.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(r.text, AllOf(HasSubstr(file.path()), HasSubstr("leese"),
+                            HasSubstr("line 2")));
+}
+
+TEST(ParsePodArgsTest, TheDefaultConfigPathIsReadUnlessConfigIsGiven) {
+  Program p;
+  TempFile file("lease: 4s\n");
+  p.options.default_config_path = file.path();
+  PodArgsResult from_default = p.Parse({});
+  ASSERT_TRUE(from_default.args.has_value()) << from_default.text;
+  EXPECT_EQ(from_default.args->config.manager.lease, absl::Seconds(4));
+
+  p.options.default_config_path = "/nonexistent/pod.yaml";
+  PodArgsResult missing = p.Parse({});
+  EXPECT_EQ(missing.exit_code, kPodExitBadConfig);
+  EXPECT_THAT(missing.text, HasSubstr("/nonexistent/pod.yaml"));
+  PodArgsResult none = p.Parse({"--config="});
+  ASSERT_TRUE(none.args.has_value()) << none.text;
+  EXPECT_EQ(none.args->config.manager.lease, absl::Seconds(3));
+}
+
+TEST(ParsePodArgsTest, HelpListsEveryFlagAndIsCode0) {
+  Program p;
+  // --help wins over a bad flag before it, and calls no setter.
+  PodArgsResult r = p.Parse({"--jobs=5", "--bogus=1", "--help"});
+  EXPECT_FALSE(r.args.has_value());
+  EXPECT_EQ(r.exit_code, kPodExitOk);
+  EXPECT_EQ(p.jobs, 0);
+  EXPECT_THAT(r.text, StartsWith("usage: prog "));
+  for (const char* want : {"Runs the work.", "work (count 1, ring_size 128)",
+                           "idle (count 2, ring_size 4096)", "--config=<path>",
+                           "--duration=<duration>", "--log_level=<level>",
+                           "--log_format=text|json", "--help", "--jobs=<value>",
+                           "how many jobs to make", "Exit codes"}) {
+    EXPECT_THAT(r.text, HasSubstr(want));
+  }
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    EXPECT_THAT(r.text, HasSubstr(absl::StrCat("--", std::string(key.path), "=",
+                                               std::string(key.value))));
+  }
+  EXPECT_EQ(p.Parse({"-h"}).exit_code, kPodExitOk);
+  EXPECT_EQ(PodUsage(p.options), r.text);
+}
+
+TEST(ParsePodArgsTest, BrokenProgramOptionsAreCode1) {
+  Program clash;
+  clash.options.flags[0].name = "lease";
+  EXPECT_EQ(clash.Parse({}).exit_code, kPodExitFailed);
+  EXPECT_THAT(clash.Parse({}).text, HasSubstr("--lease clashes"));
+  Program builtin;
+  builtin.options.flags[0].name = "duration";
+  EXPECT_EQ(builtin.Parse({}).exit_code, kPodExitFailed);
+  Program no_factory;
+  no_factory.options.kinds[1].factory = nullptr;
+  EXPECT_EQ(no_factory.Parse({}).exit_code, kPodExitFailed);
+  EXPECT_THAT(no_factory.Parse({}).text, HasSubstr("\"idle\" has no factory"));
+  Program no_kinds;
+  no_kinds.options.kinds.clear();
+  EXPECT_EQ(no_kinds.Parse({}).exit_code, kPodExitFailed);
+}
+
+TEST(ParsePodArgsTest, TheProgramNameDefaultsToArgv0) {
+  Program p;
+  p.options.program = "";
+  PodArgsResult r = p.Parse({"--bogus=1"});
+  EXPECT_THAT(r.text, StartsWith("prog: "));
+}
+
+// ---- MakeNodeRegistry
+// ---------------------------------------------------------
+
+TEST(MakeNodeRegistryTest, MemoryIsAnInMemoryRegistry) {
+  PodConfig config;
+  auto registry = MakeNodeRegistry(config, nullptr);
+  ASSERT_THAT(registry.status(), IsOk());
+  EXPECT_NE(dynamic_cast<InMemoryNodeRegistry*>(registry->get()), nullptr);
+}
+
+TEST(MakeNodeRegistryTest, AnUnreachableRedisIsCreatedAndFailsItsCalls) {
+  PodConfig config;
+  config.registry_type = "redis";
+  // Nobody listens on this socket: Create does not connect, calls fail.
+  config.redis.address =
+      "unix://" + ::testing::TempDir() + "/pod_main_test_nobody.sock";
+  auto registry = MakeNodeRegistry(config, nullptr);
+  ASSERT_THAT(registry.status(), IsOk());
+  auto poll = (*registry)->Poll(
+      Context::Background().WithTimeout(absl::Seconds(5)),
+      {.kinds = {{"work", {"p/work/0"}}}, .lease = absl::Seconds(3)});
+  EXPECT_THAT(poll.status(),
+              AnyOf(StatusIs(absl::StatusCode::kUnavailable),
+                    StatusIs(absl::StatusCode::kDeadlineExceeded)));
+}
+
+TEST(MakeNodeRegistryTest, InvalidRedisOptionsAndTypesAreRefused) {
+  PodConfig config;
+  config.registry_type = "redis";
+  config.redis.ns = "";
+  EXPECT_THAT(MakeNodeRegistry(config, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("make node registry"),
+                             HasSubstr("ns must not be empty"))));
+  config.registry_type = "etcd";
+  EXPECT_THAT(MakeNodeRegistry(config, nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("registry.type must be memory or redis")));
+}
+
+// ---- Logs -------------------------------------------------------------------
+
+// Logs `messages` through MakePodLogger into a string, one per line.
+std::vector<std::string> LogLines(
+    PodLogFormat format, spdlog::level::level_enum level,
+    const std::vector<std::pair<spdlog::level::level_enum, std::string>>&
+        messages,
+    const std::string& name = "pod-t") {
+  std::ostringstream out;
+  PodArgs args;
+  args.log_format = format;
+  args.log_level = level;
+  auto logger = MakePodLogger(
+      name, args, std::make_shared<spdlog::sinks::ostream_sink_st>(out));
+  for (const auto& [l, text] : messages) logger->log(l, "{}", text);
+  logger->flush();
+  std::vector<std::string> lines = absl::StrSplit(out.str(), '\n');
+  EXPECT_EQ(lines.back(), "");  // Every line ends in a newline.
+  lines.pop_back();
+  return lines;
+}
+
+// The line without its time, which must be RFC 3339 UTC with microseconds.
+std::string WithoutTime(const std::string& line) {
+  static const std::regex kTime(
+      R"re(^\{"time":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z",)re");
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(line, m, kTime)) << line;
+  return m.empty() ? line : "{" + line.substr(m.length(0));
+}
+
+TEST(JsonLogTest, OneObjectPerLineWithTheFourFields) {
+  auto lines = LogLines(PodLogFormat::kJson, spdlog::level::info,
+                        {{spdlog::level::info, "pod started nodes=2"},
+                         {spdlog::level::warn, "retrying"},
+                         {spdlog::level::err, "failed"}});
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(WithoutTime(lines[0]),
+            R"({"level":"info","logger":"pod-t","msg":"pod started nodes=2"})");
+  EXPECT_EQ(WithoutTime(lines[1]),
+            R"({"level":"warn","logger":"pod-t","msg":"retrying"})");
+  EXPECT_EQ(WithoutTime(lines[2]),
+            R"({"level":"error","logger":"pod-t","msg":"failed"})");
+}
+
+TEST(JsonLogTest, EscapesQuotesNewlinesAndControlBytes) {
+  std::string msg = "he said \"hi\"\\ then\nnext\r\ttab\b\f";
+  msg += std::string("\x01\x1f\x7f", 3);
+  msg += std::string("\0end", 4);
+  auto lines = LogLines(PodLogFormat::kJson, spdlog::level::info,
+                        {{spdlog::level::info, msg}}, "a\"b");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(WithoutTime(lines[0]),
+            R"({"level":"info","logger":"a\"b","msg":"he said \"hi\"\\ then)"
+            R"(\nnext\r\ttab\b\f\u0001\u001f\u007f\u0000end"})");
+}
+
+TEST(JsonLogTest, KeepsUtf8AndReplacesWhatIsNotUtf8) {
+  std::string msg = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";  // é € 😀
+  msg += " bad:\xff";
+  msg += " overlong:\xc0\xaf";
+  msg += " surrogate:\xed\xa0\x80";
+  msg += " cut:\xe2\x82";
+  auto lines = LogLines(PodLogFormat::kJson, spdlog::level::info,
+                        {{spdlog::level::info, msg}});
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(WithoutTime(lines[0]),
+            "{\"level\":\"info\",\"logger\":\"pod-t\",\"msg\":\"caf\xc3\xa9 "
+            "\xe2\x82\xac \xf0\x9f\x98\x80 bad:\\ufffd overlong:\\ufffd\\ufffd "
+            "surrogate:\\ufffd\\ufffd\\ufffd cut:\\ufffd\\ufffd\"}");
+}
+
+TEST(JsonLogTest, TheLevelFilters) {
+  auto lines = LogLines(PodLogFormat::kJson, spdlog::level::warn,
+                        {{spdlog::level::debug, "no"},
+                         {spdlog::level::info, "no"},
+                         {spdlog::level::warn, "yes"}});
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("\"msg\":\"yes\""));
+  EXPECT_TRUE(LogLines(PodLogFormat::kJson, spdlog::level::off,
+                       {{spdlog::level::err, "no"}})
+                  .empty());
+}
+
+TEST(TextLogTest, TimeLevelLoggerMessage) {
+  auto lines = LogLines(PodLogFormat::kText, spdlog::level::info,
+                        {{spdlog::level::info, "pod started nodes=2"},
+                         {spdlog::level::debug, "hidden"}});
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_TRUE(std::regex_match(
+      lines[0], std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z info )"
+                           R"(pod-t: pod started nodes=2)")))
+      << lines[0];
+}
+
+// ---- PodMain in a real process (tests/pod/test_pod.cc) --------------------
+
+// A test_pod process with its stdout and stderr on pipes.
+class PodProcess {
+ public:
+  explicit PodProcess(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {SETPOINT_TEST_POD};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      // Async-signal-safe calls only until exec.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+  ~PodProcess() {
+    if (pid_ > 0) testing::KillAndReap(pid_);
+    if (out_fd_ >= 0) close(out_fd_);
+    if (err_fd_ >= 0) close(err_fd_);
+  }
+
+  bool started() const { return pid_ > 0; }
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+  void Signal(int sig) { kill(pid_, sig); }
+
+  // Reads both pipes until stdout has a line containing `text`; false at
+  // the end of the output or after `timeout`.
+  bool AwaitOut(const std::string& text,
+                absl::Duration timeout = absl::Seconds(20)) {
+    return ReadUntil([&] { return out_.find(text) != std::string::npos; },
+                     timeout);
+  }
+  bool AwaitErr(const std::string& text,
+                absl::Duration timeout = absl::Seconds(20)) {
+    return ReadUntil([&] { return err_.find(text) != std::string::npos; },
+                     timeout);
+  }
+
+  // Reads to the end of both pipes and reaps the process: its exit code, or
+  // -1 if it did not end within `timeout` (it is then killed) or died of a
+  // signal.
+  int AwaitExit(absl::Duration timeout = absl::Seconds(20)) {
+    bool closed = ReadUntil([] { return false; }, timeout);
+    (void)closed;
+    if (out_fd_ >= 0 || err_fd_ >= 0) return -1;  // Timed out.
+    int status = 0;
+    if (waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  // Polls the pipes (no sleeping) until `done()` or both reach their end
+  // (returns done()) or the deadline passes (false).
+  bool ReadUntil(const std::function<bool()>& done, absl::Duration timeout) {
+    auto deadline =
+        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+    while (!done()) {
+      if (out_fd_ < 0 && err_fd_ < 0) return done();
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd fds[2] = {{.fd = out_fd_, .events = POLLIN, .revents = 0},
+                       {.fd = err_fd_, .events = POLLIN, .revents = 0}};
+      int n = poll(fds, 2, static_cast<int>(left.count()));
+      if (n < 0 && errno != EINTR) return false;
+      ReadSome(fds[0], &out_fd_, &out_);
+      ReadSome(fds[1], &err_fd_, &err_);
+    }
+    return true;
+  }
+  static void ReadSome(const pollfd& p, int* fd, std::string* into) {
+    if (*fd < 0 || p.revents == 0) return;
+    char buf[4096];
+    ssize_t n = read(*fd, buf, sizeof(buf));
+    if (n > 0) {
+      into->append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      close(*fd);
+      *fd = -1;
+    }
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  std::string out_;
+  std::string err_;
+};
+
+// `extra` after fast polls, so the node gets its range at once.
+std::vector<std::string> Flags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = {"--poll_interval=50ms", "--lease=1s"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+TEST(PodMainProcessTest, SigtermStopsGracefullyWithCode0) {
+  PodProcess pod(Flags({"--pod_id=graceful", "--log_format=json"}));
+  ASSERT_TRUE(pod.started());
+  ASSERT_TRUE(pod.AwaitOut("started pod=graceful\n")) << pod.err();
+  ASSERT_TRUE(pod.AwaitOut("range node=graceful/work/0 [0,4096)\n"))
+      << pod.out() << pod.err();
+  pod.Signal(SIGTERM);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
+  EXPECT_THAT(pod.err(), AllOf(HasSubstr("pod stopping signal=SIGTERM"),
+                               HasSubstr("pod stopped exit_code=0")));
+  // --log_format=json: every line of the log is one JSON object.
+  std::vector<std::string> lines =
+      absl::StrSplit(pod.err(), '\n', absl::SkipEmpty());
+  EXPECT_FALSE(lines.empty());
+  for (const std::string& line : lines) {
+    EXPECT_THAT(line, StartsWith("{\"time\":\"")) << line;
+    EXPECT_EQ(line.back(), '}') << line;
+  }
+}
+
+TEST(PodMainProcessTest, ASecondSignalDuringASlowStopExitsAtOnceWithCode1) {
+  PodProcess pod(Flags({"--pod_id=slow", "--slow_stop=true"}));
+  ASSERT_TRUE(pod.started());
+  ASSERT_TRUE(pod.AwaitOut("range node=slow/work/0 [0,4096)\n"))
+      << pod.out() << pod.err();
+  pod.Signal(SIGTERM);
+  // The stop hands the range back; the node blocks in that update.
+  ASSERT_TRUE(pod.AwaitOut("slow update node=slow/work/0\n")) << pod.err();
+  pod.Signal(SIGINT);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitFailed) << pod.err();
+  EXPECT_THAT(pod.err(),
+              HasSubstr("test_pod: second SIGINT during the graceful stop; "
+                        "exiting at once\n"));
+  EXPECT_THAT(pod.err(), Not(HasSubstr("pod stopped")));
+}
+
+TEST(PodMainProcessTest, TheEndOfDurationStopsWithCode0) {
+  PodProcess pod(Flags({"--duration=100ms"}));
+  ASSERT_TRUE(pod.started());
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
+  EXPECT_THAT(pod.out(), HasSubstr("started pod="));
+  EXPECT_THAT(pod.err(), HasSubstr("pod stopping duration=100ms"));
+}
+
+TEST(PodMainProcessTest, ABadLeaseIsCode2) {
+  PodProcess pod({"--lease=bogus"});
+  ASSERT_TRUE(pod.started());
+  EXPECT_EQ(pod.AwaitExit(), kPodExitBadConfig);
+  EXPECT_THAT(pod.err(), AllOf(StartsWith("test_pod: "), HasSubstr("lease"),
+                               HasSubstr("is not a duration")));
+  EXPECT_EQ(pod.out(), "");
+}
+
+TEST(PodMainProcessTest, HelpGoesToStdoutWithCode0) {
+  PodProcess pod({"--help"});
+  ASSERT_TRUE(pod.started());
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk);
+  EXPECT_THAT(pod.out(), AllOf(StartsWith("usage: test_pod "),
+                               HasSubstr("--slow_stop=<value>")));
+  EXPECT_EQ(pod.err(), "");
+}
+
+TEST(PodMainProcessTest, AFactoryFailureIsCode1) {
+  PodProcess pod(Flags({"--fail_factory=true"}));
+  ASSERT_TRUE(pod.started());
+  EXPECT_EQ(pod.AwaitExit(), kPodExitFailed) << pod.err();
+  EXPECT_THAT(pod.err(), HasSubstr("returned null"));
+  EXPECT_THAT(pod.out(), Not(HasSubstr("started")));
+}
+
+TEST(PodMainProcessTest, AnUnreachableRedisIsNotAFailure) {
+  PodProcess pod(Flags({"--registry.type=redis",
+                        "--registry.address=unix://" + ::testing::TempDir() +
+                            "/pod_main_test_nobody.sock",
+                        "--registry.connect_timeout=50ms"}));
+  ASSERT_TRUE(pod.started());
+  // The manager started and keeps polling; the node stays idle.
+  ASSERT_TRUE(pod.AwaitOut("started pod=")) << pod.err();
+  pod.Signal(SIGTERM);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
+  EXPECT_THAT(pod.out(), Not(HasSubstr("range node=")));
+}
+
+}  // namespace
+}  // namespace setpoint
