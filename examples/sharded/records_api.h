@@ -60,10 +60,14 @@ class RecordsApi {
   }
   absl::Status Put(const setpoint::Context& ctx, const std::string& name,
                    const Record& record) {
-    return Write(ctx, name, [&] { records_[name] = record; });
+    return Write(ctx, name, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      records_[name] = record;
+    });
   }
   absl::Status Delete(const setpoint::Context& ctx, const std::string& name) {
-    return Write(ctx, name, [&] { records_.erase(name); });
+    return Write(ctx, name, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      records_.erase(name);
+    });
   }
   // The zone's serial, written only by the leader (a one-shard kind).
   absl::Status PublishSerial(const setpoint::Context& ctx, int64_t serial) {

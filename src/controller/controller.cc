@@ -281,7 +281,7 @@ int64_t Controller::RunUntilQuiet() {
 }
 
 absl::Time Controller::NextWakeTime() const {
-  MutexLock l(const_cast<Mutex*>(&update_mu_));
+  MutexLock l(&update_mu_);
   if (run_ == nullptr) return absl::InfiniteFuture();
   absl::Time next = run_->runner.NextTimerTime();
   for (const auto& piece : run_->pieces)

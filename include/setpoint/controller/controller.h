@@ -405,7 +405,7 @@ class Controller : public Node {
 
   // Held by UpdateShardRange and while a Run starts or stops, so a
   // re-scope never meets half-built pieces.
-  Mutex update_mu_;
+  mutable Mutex update_mu_;
   std::unique_ptr<internal::ControllerRun> run_ ABSL_GUARDED_BY(update_mu_);
 
   mutable Mutex mu_;
