@@ -406,6 +406,69 @@ TEST(ControllerTest, StaleRefusalIsCountedAndNotRetriedUnderTheSameAssignment) {
   EXPECT_EQ(syncer->counters().creates, 1);
 }
 
+// Desired state worked out from another store whose keys differ: each
+// replica set "set-i" x3 becomes "set-i-0".."set-i-2", which fall in any
+// shard; two nodes on halves of the ring create exactly the replicas of
+// their halves, and together all of them.
+TEST(ControllerTest, TransformFromEveryKeyCreatesOnlyTheRangesReplicas) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Map sets;
+  for (int i = 0; i < 30; ++i) sets[absl::StrCat("set-", i)] = 3;
+  ApiClient client(&api);
+  auto build = [&](ControllerBuilder& b) {
+    auto* wanted_sets = b.PollAll<std::string, int>(
+        "sets", [&](const Context&) { return absl::StatusOr<Map>(sets); },
+        {.interval = absl::Seconds(1)});
+    auto* want = b.Transform<std::string, int>(
+        "expand",
+        [wanted_sets] {
+          Map replicas;
+          for (const auto& [name, n] : wanted_sets->items()) {
+            for (int r = 0; r < n; ++r)
+              replicas[absl::StrCat(name, "-", r)] = 1;
+          }
+          return replicas;
+        },
+        wanted_sets);
+    auto* seen = b.Poll<std::string, int>(
+        "seen", [&](const Context& ctx) { return api.List(ctx); });
+    b.Sync<std::string, int, int>("replicas", &client, seen, want);
+    return absl::OkStatus();
+  };
+  ControllerHarness a(
+      build, {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  ControllerHarness b(
+      build, {.clock = &clock, .node = Node("q/k/0"), .logger = NullLogger()});
+  ASSERT_THAT(a.Start(), IsOk());
+  ASSERT_THAT(b.Start(), IsOk());
+  api.SetTruth("p/k/0", {0, kRing / 2});
+  api.SetTruth("q/k/0", {kRing / 2, kRing});
+  ASSERT_THAT(a.Assign({0, kRing / 2}, 1), IsOk());
+  ASSERT_THAT(b.Assign({kRing / 2, kRing}, 2), IsOk());
+  for (int i = 0; i < 5; ++i) {
+    a.Advance(absl::Seconds(1));
+    b.Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ(api.world().size(), 90u);
+  EXPECT_EQ(api.counts().outside_truth, 0);
+  EXPECT_EQ(api.counts().unowned, 0);
+  // The range moves: a shrinks, b grows; the replicas stay, none is
+  // deleted or written by the wrong node.
+  ASSERT_THAT(a.Assign({0, kRing / 4}, 1), IsOk());
+  api.SetTruth("p/k/0", {0, kRing / 4});
+  api.SetTruth("q/k/0", {kRing / 4, kRing});
+  ASSERT_THAT(b.Assign({kRing / 4, kRing}, 3), IsOk());
+  sets["set-0"] = 5;  // Two more replicas.
+  for (int i = 0; i < 5; ++i) {
+    a.Advance(absl::Seconds(1));
+    b.Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ(api.world().size(), 92u);
+  EXPECT_EQ(api.counts().outside_truth, 0);
+  EXPECT_EQ(api.counts().stale, 0);
+}
+
 // The property: over 1,000 random range changes between two nodes, after
 // each UpdateShardRange returns no call for a key outside the node's new
 // range starts (the API checks every call against what the node truly

@@ -19,6 +19,11 @@
 //       }};
 //   manager_options.kinds.push_back(records.ToNodeKind());
 //
+// Pieces: Poll (a store listed by a function: observed state, or desired
+// state from your own data), PollAll (every key, as input of a Transform
+// whose keys differ), Transform (desired state worked out from stores),
+// Sync (a Syncer and its client), Reconcile (a plan run again and again).
+//
 // What the controller guarantees (docs/controller.md):
 // - Fresh pieces for every Run: the build function runs again, so a node
 //   whose Run failed comes back whole.
@@ -71,6 +76,7 @@
 #include "setpoint/processor/source.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/syncer.h"
+#include "setpoint/processor/transformer.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {
@@ -183,15 +189,18 @@ template <class K, class V>
 class PollPiece final : public ControllerPiece {
  public:
   using ListFn = typename PollingSource<K, V>::ListFn;
+  // `scoped`: the store holds only the keys of the node's range (and none
+  // before the first assignment); otherwise every key.
   PollPiece(ControllerRun* run, std::string name, ListFn list,
-            PollingSourceOptions<V> options)
-      : store_({.name = name,
+            PollingSourceOptions<V> options, bool scoped)
+      : scoped_(scoped),
+        store_({.name = name,
                 .equal = options.equal,
                 .logger = run->options.logger}),
         source_(&run->runner, &store_, std::move(list),
                 Adjust(run, std::move(name), std::move(options))) {
     // Nothing is ours before the first assignment.
-    source_.SetFilter([](const K&) { return false; });
+    if (scoped_) source_.SetFilter([](const K&) { return false; });
   }
   Store<K, V>* store() { return &store_; }
   PollingSource<K, V>* source() { return &source_; }
@@ -199,7 +208,7 @@ class PollPiece final : public ControllerPiece {
   absl::Status Start() override { return source_.Start(); }
   void Stop() override { source_.Stop(); }
   void Rescope(const Assignment& a, const Context&) override {
-    source_.SetFilter(FilterFor<K>(a));
+    if (scoped_) source_.SetFilter(FilterFor<K>(a));
   }
   int RunDue(const Context&) override { return source_.PollIfDue() ? 1 : 0; }
   absl::Time NextDue() const override { return source_.NextPollTime(); }
@@ -214,8 +223,70 @@ class PollPiece final : public ControllerPiece {
     return o;
   }
 
+  const bool scoped_;
   Store<K, V> store_;
   PollingSource<K, V> source_;
+};
+
+// A store fed by a Transformer: ReplaceDesired replaces its content.
+template <class K, class D>
+class StoreSink final : public DesiredSink<K, D> {
+ public:
+  explicit StoreSink(Store<K, D>* store) : store_(store) {}
+  void ReplaceDesired(absl::flat_hash_map<K, D> desired) override {
+    StoreUpdate<K, D> u{.generation = store_->generation(),
+                        .replace = true,
+                        .sync = StoreUpdate<K, D>::Sync::kSynced};
+    u.sets.reserve(desired.size());
+    for (auto& kv : desired)
+      u.sets.emplace_back(kv.first, std::move(kv.second));
+    store_->Apply(std::move(u));
+  }
+  void SetDesired(K key, D desired) override {
+    store_->Set(std::move(key), std::move(desired));
+  }
+  void DeleteDesired(const K& key) override { store_->Delete(key); }
+  void DependOnDesired(Synchronizable* producer) override {
+    store_->DependOn(producer);
+  }
+
+ private:
+  Store<K, D>* store_;
+};
+
+template <class K, class D>
+class TransformPiece final : public ControllerPiece {
+ public:
+  using SnapshotFn = typename Transformer<K, D>::SnapshotFn;
+  TransformPiece(ControllerRun* run, std::string name, SnapshotFn snapshot,
+                 TransformerOptions options)
+      : store_({.name = name, .logger = run->options.logger}),
+        sink_(&store_),
+        transformer_(&run->runner, &sink_, std::move(snapshot),
+                     Adjust(run, std::move(name), std::move(options))) {
+    store_.SetFilter([](const K&) { return false; });
+  }
+  Store<K, D>* store() { return &store_; }
+  Transformer<K, D>* transformer() { return &transformer_; }
+
+  void Rescope(const Assignment& a, const Context&) override {
+    // The store forgets what left and is out of sync until the next
+    // snapshot, which is asked for now.
+    store_.SetFilter(FilterFor<K>(a));
+    transformer_.Invalidate();
+  }
+
+ private:
+  static TransformerOptions Adjust(ControllerRun* run, std::string name,
+                                   TransformerOptions o) {
+    o.name = std::move(name);
+    if (o.logger == nullptr) o.logger = run->options.logger;
+    return o;
+  }
+
+  Store<K, D> store_;
+  StoreSink<K, D> sink_;
+  Transformer<K, D> transformer_;
 };
 
 template <class K, class D, class O>
@@ -294,11 +365,35 @@ class ControllerBuilder {
   template <class K, class V, class ListFn>
   Store<K, V>* Poll(std::string name, ListFn list,
                     PollingSourceOptions<V> options = {}) {
-    auto piece = std::make_unique<internal::PollPiece<K, V>>(
+    return AddPoll<K, V>(std::move(name), std::move(list), std::move(options),
+                         /*scoped=*/true);
+  }
+  // A store of every key `list` returns, whatever the node's range: input
+  // for a Transform whose output keys are not the input's (a replica set
+  // "web" becomes web-0, web-1, ... which fall in other shards). Reads
+  // only; nothing acts on it directly.
+  template <class K, class V, class ListFn>
+  Store<K, V>* PollAll(std::string name, ListFn list,
+                       PollingSourceOptions<V> options = {}) {
+    return AddPoll<K, V>(std::move(name), std::move(list), std::move(options),
+                         /*scoped=*/false);
+  }
+
+  // Desired state worked out on the runner by `snapshot` from stores of
+  // this build (`inputs`): it runs once they are all in sync, and again an
+  // accumulation window after any of them changes, and its result
+  // replaces the returned store's content within the node's range. Pass
+  // that store to Sync as its desired state.
+  template <class K, class D, class SnapshotFn, class... Inputs>
+  Store<K, D>* Transform(std::string name, SnapshotFn snapshot,
+                         Inputs*... inputs) {
+    auto piece = std::make_unique<internal::TransformPiece<K, D>>(
         run_, std::move(name),
-        typename internal::PollPiece<K, V>::ListFn(std::move(list)),
-        std::move(options));
-    Store<K, V>* store = piece->store();
+        typename internal::TransformPiece<K, D>::SnapshotFn(
+            std::move(snapshot)),
+        TransformerOptions{});
+    (piece->transformer()->Watch(inputs), ...);
+    Store<K, D>* store = piece->store();
     run_->pieces.push_back(std::move(piece));
     return store;
   }
@@ -349,6 +444,17 @@ class ControllerBuilder {
  private:
   friend class Controller;
   explicit ControllerBuilder(internal::ControllerRun* run) : run_(run) {}
+  template <class K, class V, class ListFn>
+  Store<K, V>* AddPoll(std::string name, ListFn list,
+                       PollingSourceOptions<V> options, bool scoped) {
+    auto piece = std::make_unique<internal::PollPiece<K, V>>(
+        run_, std::move(name),
+        typename internal::PollPiece<K, V>::ListFn(std::move(list)),
+        std::move(options), scoped);
+    Store<K, V>* store = piece->store();
+    run_->pieces.push_back(std::move(piece));
+    return store;
+  }
   internal::ControllerRun* run_;
 };
 
