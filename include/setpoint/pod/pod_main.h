@@ -14,7 +14,8 @@
 //                    }}},
 //         .flags = {{.name = "jobs", .help = "jobs in the catalogue",
 //                    .set = [&](std::string_view v) {
-//                      return absl::SimpleAtoi(v, &jobs)
+//                      return absl::SimpleAtoi(
+//                                 absl::string_view(v.data(), v.size()), &jobs)
 //                                 ? absl::OkStatus()
 //                                 : absl::InvalidArgumentError("not a number");
 //                    }}},
