@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
     }
   }
   if (!built.ok()) {
+    StopRun(*run);  // Destroys what was declared, in reverse.
     return Annotate(built, absl::StrCat("build controller ", info_.id));
   }
   return run;
@@ -209,20 +210,22 @@ absl::Status Controller::UpdateShardRange(const Context& ctx,
   auto keep = [&result](absl::Status s) {
     if (result.ok() && !s.ok()) result = std::move(s);
   };
-  // 1. Plans: cancel the running execution and wait for it.
-  for (auto& piece : run.pieces) keep(piece->Suspend(bound));
-  // 2. One runner event re-scopes every piece: calls for keys outside the
-  //    range are cancelled, handed-over ones will not start.
+  // 1. At once, waiting for nothing: plans pause (their execution is
+  //    cancelled), calls for keys outside the range are cancelled and no
+  //    new one starts, whatever the runner is busy with.
+  for (auto& piece : run.pieces) piece->Fence(*a);
+  // 2. One runner event re-scopes every piece (its own budget: a slow plan
+  //    must not leave the stores unscoped).
   run.SetCurrent(a);
   const Context values = Context().WithValue(a);
   keep(run.runner.PostAndWait(
-      bound,
+      ctx.WithTimeout(options_.handoff_timeout),
       [&] {
         for (auto& piece : run.pieces) piece->Rescope(*a, values);
         for (auto& hook : run.on_assignment) hook(*a);
       },
       "controller re-scope"));
-  // 3. Wait until none of those calls still runs.
+  // 3. Wait until none of those calls and no paused execution still runs.
   for (auto& piece : run.pieces) keep(piece->AwaitOutside(*a, bound));
   if (result.ok()) {
     for (auto& piece : run.pieces) piece->Resume(*a);

@@ -627,6 +627,59 @@ TEST(ControllerTest, HeldCallForAKeyLeavingIsCancelledAndAwaitedByTheHandoff) {
   EXPECT_EQ(api.counts().outside_truth, 0);
 }
 
+// A plan step slow to notice its cancellation does not delay the calls':
+// they are cancelled, and no new one starts, before the step has ended.
+TEST(ControllerTest, SlowPlanStepDoesNotHoldUpTheCancellationOfCalls) {
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(40, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  Mutex mu;
+  CondVar cv;
+  bool release = false, in_step = false;
+  ControllerBuildFn sync =
+      SyncBuild(&api, &catalog, &client, absl::Milliseconds(5));
+  RunningController node(Node("p/k/0"), [&](ControllerBuilder& b) {
+    SETPOINT_RETURN_IF_ERROR(sync(b));
+    b.Reconcile(
+        MakePlan("slow", [&](const Context&) -> absl::StatusOr<Procedures> {
+          MutexLock l(&mu);
+          in_step = true;
+          // Ignores its context until the test lets it go.
+          cv.Wait(&mu, {},
+                  [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return release; });
+          in_step = false;
+          return Procedures{};
+        }));
+    return absl::OkStatus();
+  });
+  api.SetTruth("p/k/0", {0, kRing});
+  api.Hold(/*ignore_cancel=*/false);
+  ASSERT_THAT(node->UpdateShardRange(Context(), {{0, kRing}, 1}), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] {
+    MutexLock l(&mu);
+    return in_step && api.entered() >= 4;
+  }));
+  absl::Status handoff;
+  std::thread relay([&] {
+    handoff = node->UpdateShardRange(Context(), {{}, 1});
+  });
+  // The held calls return cancelled while the step still runs.
+  ASSERT_TRUE(AwaitCondition([&] { return api.CancelsSeen() == 4; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return api.RunningOutside("p/k/0", {}) == 0; }));
+  int64_t entered = api.entered();
+  {
+    MutexLock l(&mu);
+    EXPECT_TRUE(in_step);
+    release = true;
+    cv.SignalAll();
+  }
+  relay.join();
+  EXPECT_THAT(handoff, IsOk());
+  EXPECT_EQ(api.entered(), entered);  // Nothing started meanwhile.
+}
+
 TEST(ControllerTest, CallIgnoringCancellationPastTheBoundFailsTheHandoff) {
   RecordingApi api;
   Catalog catalog;

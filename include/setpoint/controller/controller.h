@@ -31,12 +31,14 @@
 //   it reads) and stop in reverse, the runner last.
 // - Nothing acts before the first assignment or with an empty range: the
 //   stores hold no key, so no client call starts, and plans are paused.
-// - UpdateShardRange(a) pauses every plan (its execution is cancelled and
-//   has ended), re-scopes every store and syncer to a.range in one runner
-//   event (calls for keys outside it are cancelled; those not started never
-//   start), waits until none of those calls runs, then resumes the plans
-//   when a.range is not empty. If anything is still running after
-//   handoff_timeout it returns kDeadlineExceeded, so the manager keeps the
+// - UpdateShardRange(a) first, without waiting for anything, pauses every
+//   plan (its running execution is cancelled) and cancels the calls for
+//   keys outside a.range (those handed over never start); then re-scopes
+//   every store and syncer to a.range in one runner event; then waits until
+//   none of those calls and no paused execution still runs, and resumes the
+//   plans when a.range is not empty. If anything is still running after
+//   handoff_timeout (or the context's deadline: the manager passes the
+//   lease's end) it returns kDeadlineExceeded, so the manager keeps the
 //   shards recorded as this node's and asks again.
 // - Every client call and plan step reads the assignment it was started
 //   under with AssignmentOf(ctx) (node id, range, fencing token), to send
@@ -136,15 +138,13 @@ class ControllerPiece {
   virtual ~ControllerPiece() = default;
   virtual absl::Status Start() { return absl::OkStatus(); }
   virtual void Stop() {}
-  // Relay thread, before the re-scope: stop work tied to the old
-  // assignment (cancel and wait).
-  virtual absl::Status Suspend(const Context& /*ctx*/) {
-    return absl::OkStatus();
-  }
+  // Relay thread, first and without waiting: stop work `a` does not allow
+  // (pause plans, cancel and refuse calls for keys outside a.range).
+  virtual void Fence(const Assignment& /*a*/) {}
   // Runner thread: re-scope to `a`; `values` carries it for calls.
   virtual void Rescope(const Assignment& /*a*/, const Context& /*values*/) {}
   // Relay thread, after the re-scope: wait until nothing outside a.range
-  // runs.
+  // runs (for plans: until the paused execution ended).
   virtual absl::Status AwaitOutside(const Assignment& /*a*/,
                                     const Context& /*ctx*/) {
     return absl::OkStatus();
@@ -302,6 +302,7 @@ class SyncPiece final : public ControllerPiece {
 
   absl::Status Start() override { return syncer_.Start(); }
   void Stop() override { syncer_.Stop(); }
+  void Fence(const Assignment& a) override { syncer_.Fence(FilterFor<K>(a)); }
   void Rescope(const Assignment& a, const Context& values) override {
     syncer_.Reset(FilterFor<K>(a));
     syncer_.SetCallValues(values);
@@ -332,7 +333,13 @@ class PlanPiece final : public ControllerPiece {
 
   absl::Status Start() override;
   void Stop() override { loop_.Stop(); }
-  absl::Status Suspend(const Context& ctx) override { return loop_.Pause(ctx); }
+  void Fence(const Assignment&) override {
+    // Pauses and cancels the running execution; waits for nothing.
+    (void)loop_.Pause(Context().WithDeadline(absl::InfinitePast()));
+  }
+  absl::Status AwaitOutside(const Assignment&, const Context& ctx) override {
+    return loop_.Pause(ctx);
+  }
   void Resume(const Assignment& a) override {
     if (!a.range.Empty()) loop_.Resume();
   }
@@ -480,7 +487,8 @@ class Controller : public Node {
   absl::Status UpdateShardRange(const Context& ctx,
                                 const ShardAssignment& assignment) override;
 
-  // The assignment in force (any thread).
+  // The assignment last given to UpdateShardRange, even if that handoff
+  // reported work still running (any thread).
   Assignment assignment() const;
   ControllerStats stats() const;
   const NodeInfo& info() const { return info_; }

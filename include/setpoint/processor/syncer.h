@@ -273,6 +273,12 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   // are forgotten, never deleted; their calls in flight are cancelled, and
   // those handed over but not started never start. Runner thread.
   void Reset(KeyFilter<K> filter);
+  // Any thread: from now on no call starts for a key `filter` rejects, and
+  // the calls running or handed over for such keys are cancelled — at
+  // once, without waiting for the runner (a handoff must not wait behind a
+  // slow runner event to stop the calls). Reset(filter) on the runner
+  // follows; it sets the same filter. An empty filter allows every key.
+  void Fence(KeyFilter<K> filter);
   // Calls started from now on carry the values of `values` in their
   // context (its cancellation and deadline are not used). Clears the
   // stale-owner wait of every key. Runner thread.
@@ -388,6 +394,9 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   // Takes the next call to run and records it as running; a cancelled one
   // becomes a not-started result instead (returns nullopt then).
   std::optional<Work> TakeWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the calls running or handed over for keys fence_ rejects;
+  // returns how many.
+  int64_t CancelOutsideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a finished (or never started) call's result; true when the
   // runner must be asked to drain the results.
   bool FinishWork(Result result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -432,6 +441,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   bool drain_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // What Fence (or Reset) allows to start; empty: every key.
+  KeyFilter<K> fence_ ABSL_GUARDED_BY(mu_);
   // Calls running now, by entry (whose key is stable while in flight).
   absl::flat_hash_map<const Slot*, std::stop_source> running_
       ABSL_GUARDED_BY(mu_);
@@ -590,13 +601,16 @@ void Syncer<K, D, O>::Stop() {
     cv_.SignalAll();
   }
   threads_.clear();  // Joins.
-  if (!not_started.empty()) {
-    counters_.not_started_at_stop.fetch_add(
-        static_cast<int64_t>(not_started.size()));
+  // Calls cancelled because their key left are counted there already.
+  const int64_t never_started =
+      std::count_if(not_started.begin(), not_started.end(),
+                    [](const Work& w) { return !w.stop.stop_requested(); });
+  if (never_started > 0) {
+    counters_.not_started_at_stop.fetch_add(never_started);
     SPDLOG_LOGGER_WARN(logger_,
                        "syncer stopped with operations not started "
                        "syncer={} count={}",
-                       name(), not_started.size());
+                       name(), never_started);
   }
   // Report what is left to the runner, where the state lives.
   std::vector<Result> undone;
@@ -859,12 +873,8 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
     // Calls for keys that left stop: running ones see their context
     // cancelled, handed-over ones never start.
     MutexLock l(&mu_);
-    for (auto& [slot, stop] : running_) {
-      if (!Selected(slot->first) && stop.request_stop()) ++cancelled;
-    }
-    for (Work& w : work_) {
-      if (!Selected(w.key) && w.stop.request_stop()) ++cancelled;
-    }
+    fence_ = filter_;
+    cancelled = CancelOutsideLocked();
   }
   counters_.calls_cancelled.fetch_add(cancelled, std::memory_order_relaxed);
   SPDLOG_LOGGER_INFO(logger_,
@@ -875,10 +885,42 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
 }
 
 template <class K, class D, class O>
+int64_t Syncer<K, D, O>::CancelOutsideLocked() {
+  int64_t cancelled = 0;
+  if (!fence_) return cancelled;
+  for (auto& [slot, stop] : running_) {
+    if (!fence_(slot->first) && stop.request_stop()) ++cancelled;
+  }
+  for (Work& w : work_) {
+    if (!fence_(w.key) && w.stop.request_stop()) ++cancelled;
+  }
+  return cancelled;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Fence(KeyFilter<K> filter) {
+  int64_t cancelled;
+  {
+    MutexLock l(&mu_);
+    fence_ = std::move(filter);
+    cancelled = CancelOutsideLocked();
+  }
+  counters_.calls_cancelled.fetch_add(cancelled, std::memory_order_relaxed);
+}
+
+template <class K, class D, class O>
 void Syncer<K, D, O>::SetCallValues(const Context& values) {
   call_values_ = Context().WithValuesOf(values);
   ++call_values_version_;
   stale_logged_ = false;
+  {
+    // Calls handed over but not started yet start under the new values.
+    MutexLock l(&mu_);
+    for (Work& w : work_) {
+      w.values = call_values_;
+      w.slot->second.in_flight_values = call_values_version_;
+    }
+  }
   for (Slot& slot : entries_) {
     if (slot.second.stale) {
       slot.second.stale = false;
@@ -1022,6 +1064,7 @@ void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
     // In sync with the world: whatever failed before is moot.
     e.failures = 0;
     e.terminal = false;
+    e.stale = false;
     e.last_error = absl::OkStatus();
     e.not_before = absl::InfinitePast();
     e.pending_since = absl::InfiniteFuture();
@@ -1221,7 +1264,7 @@ template <class K, class D, class O>
 std::optional<typename Syncer<K, D, O>::Work> Syncer<K, D, O>::TakeWork() {
   Work w = std::move(work_.front());
   work_.pop_front();
-  if (w.stop.stop_requested()) {
+  if (w.stop.stop_requested() || (fence_ && !fence_(w.key))) {
     // Its key left the range before the call started: it never starts.
     results_.push_back(Result{w.slot, std::move(w.key), w.op,
                               absl::CancelledError("key left the range"), false,
@@ -1332,8 +1375,11 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     return;
   }
   if (!r.started) {
-    // Handed over but never started (Stop): the intent is still pending.
+    // Handed over but never started: the intent is still pending. At Stop
+    // nothing more runs; a call refused by Fence before Reset caught up is
+    // worked out again later (by then Reset has usually forgotten it).
     e.last_error = r.status;
+    if (!stopped_on_runner_) WakeAt(*it, now + options_.backoff.initial);
     return;
   }
   if (IsStaleOwner(r.status) && e.in_flight_values != call_values_version_) {
