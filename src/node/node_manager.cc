@@ -44,6 +44,9 @@ struct NodeManager::Slot {
   bool in_call = false;
   // The node refused its last update: the relay waits until then.
   absl::Time retry_at = absl::InfinitePast();
+  // The node refused its last update and has not returned OK since: what
+  // it works on is somewhere between `active` and what it was asked for.
+  bool unconfirmed = false;
   bool running = false;
   int restarts = 0;
   std::jthread relay;
@@ -539,11 +542,13 @@ void NodeManager::Fence(Slot& slot, const char* why) {
     slot.queue.clear();
   }
   slot.queue.push_back(ShardAssignment{});
+  if (!slot.lease_fenced) {  // Not again for a node that refused it.
+    ++stats_.fences;
+    SPDLOG_LOGGER_WARN(logger_,
+                       "node stops working node={} range={} token={}: {}",
+                       slot.info.id, slot.active.range, slot.active.token, why);
+  }
   slot.lease_fenced = true;
-  ++stats_.fences;
-  SPDLOG_LOGGER_WARN(logger_,
-                     "node stops working node={} range={} token={}: {}",
-                     slot.info.id, slot.active.range, slot.active.token, why);
   cv_.SignalAll();
 }
 
@@ -579,6 +584,13 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
                          held ? held->range.ToString() : "nothing",
                          held ? held->token : 0);
       Fence(slot, "the registry's record differs from what the node holds");
+      return;
+    }
+    // 0. A refused change is asked for again, towards the target, until
+    //    the node confirms one (even if the target moved back meanwhile).
+    if (slot.unconfirmed) {
+      Deliver(slot,
+              ShardAssignment{active.range.Intersect(target), active.token});
       return;
     }
     // 1. Shrink first: the node stops outside the target before anything
@@ -676,6 +688,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
   const Context ctx(nodes_stop_.get_token(), clock_);
   while (true) {
     ShardAssignment next;
+    Context call_ctx = ctx;
     {
       MutexLock l(&mu_);
       // Wait for work; while the node works, also for its fence deadline,
@@ -683,16 +696,21 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       while (true) {
         if (stop.stop_requested()) return;
         absl::Time now = clock_->Now();
-        if (now < slot.retry_at) {
-          // The node refused its last update: ask again after a pause.
-          clock_->AwaitWithDeadline(&mu_, &cv_, slot.retry_at, stop,
+        const bool fence_due = Working(slot) &&
+                               renewed_at_ != absl::InfinitePast() &&
+                               now >= FenceDeadline();
+        if (now < slot.retry_at && !fence_due) {
+          // The node refused its last update: ask again after a pause, or
+          // at the fence deadline if that comes first.
+          absl::Time until = slot.retry_at;
+          if (Working(slot) && renewed_at_ != absl::InfinitePast()) {
+            until = std::min(until, FenceDeadline());
+          }
+          clock_->AwaitWithDeadline(&mu_, &cv_, until, stop,
                                     [] { return false; });
           continue;
         }
-        if (Working(slot) && renewed_at_ != absl::InfinitePast() &&
-            now >= FenceDeadline()) {
-          Fence(slot, "lease not renewed in time");
-        }
+        if (fence_due) Fence(slot, "lease not renewed in time");
         if (!slot.queue.empty()) break;
         absl::Time until =
             Working(slot) ? FenceDeadline() : absl::InfiniteFuture();
@@ -703,11 +721,16 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       }
       next = slot.queue.front();
       slot.in_call = true;
+      // The node's right to work ends with the lease unless renewed: its
+      // update may not take longer than that.
+      call_ctx = renewed_at_ != absl::InfinitePast()
+                     ? ctx.WithDeadline(renewed_at_ + options_.lease)
+                     : ctx;
     }
     bool threw = false;
     absl::Status status;
     try {
-      status = slot.node->UpdateShardRange(ctx, next);
+      status = slot.node->UpdateShardRange(call_ctx, next);
     } catch (const std::exception& e) {
       threw = true;
       SPDLOG_LOGGER_ERROR(logger_,
@@ -728,6 +751,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       // (or, for a grow, what it was given), so its record stays, nobody
       // else is granted those shards, and the change is asked for again.
       if (next.range.Covers(slot.active.range)) slot.active = next;
+      slot.unconfirmed = true;  // Step asks again until one returns OK.
       ++stats_.update_failures;
       slot.retry_at = clock_->Now() + options_.poll_interval / 4;
       SPDLOG_LOGGER_WARN(logger_,
@@ -739,6 +763,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
       continue;
     }
     slot.active = next;
+    slot.unconfirmed = false;
     ++stats_.updates_delivered;
     SPDLOG_LOGGER_DEBUG(logger_,
                         "shard range delivered node={} range={} token={}",

@@ -372,6 +372,28 @@ TEST_F(NodeManagerTest, NodeThatRefusesItsShrinkKeepsItsShardsUntilItAccepts) {
   EXPECT_EQ(tracker_.OwnedBy("b/"), 32);
 }
 
+// A refused shrink whose target then moves back (the joining pod left
+// again) is still asked for until the node confirms one: a node that
+// re-scoped part way (as a controller does) must not be left there.
+TEST_F(NodeManagerTest,
+       RefusedChangeIsAskedForUntilConfirmedEvenIfTheTargetMovesBack) {
+  std::atomic<int> refusals{1000};  // Refuse every shrink for now.
+  NodeManagerOptions options = Options("a", &registry_, /*count=*/1);
+  options.kinds[0].factory = [&](const NodeInfo& info) {
+    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals);
+  };
+  NodeManager& a = StartPodWith(std::move(options));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 1); }));
+  NodeManager& b = StartPod("b", nullptr, /*count=*/1);
+  ASSERT_TRUE(AdvanceUntil([&] { return a.stats().update_failures >= 2; }));
+  StopPod(b);  // The target is the whole ring again.
+  refusals = 0;
+  const int64_t delivered = a.stats().updates_delivered;
+  ASSERT_TRUE(
+      AdvanceUntil([&] { return a.stats().updates_delivered > delivered; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 1); }));
+}
+
 TEST_F(NodeManagerTest, FailedNodeLeavesTheRingAndRestarts) {
   NodeManager& a = StartPod("a", nullptr, 2, /*fail_runs=*/1);
   // Both nodes fail once, leave, wait 1 s and come back.
