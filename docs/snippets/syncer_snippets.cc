@@ -1,0 +1,162 @@
+// The C++ snippets of docs/syncer.md, compiled (and the test run) by
+// doc_snippets_test, which also checks that the doc shows them as they are
+// here. Between "clang-format off" and "on" the text is the doc's, layout
+// included; edit both together. The types come from the examples/replicas
+// controller.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "replicas/runtime.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/status.h"
+#include "setpoint/processor/runner.h"
+#include "setpoint/processor/source.h"
+#include "setpoint/processor/store.h"
+#include "setpoint/processor/syncer.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/fake_client.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/run_on_runner.h"
+#include "spdlog/logger.h"
+
+namespace syncer_snippets {
+
+using replicas::Container;
+using replicas::FakeRuntime;
+
+struct ContainerSpec {
+  std::string image;
+  bool operator==(const ContainerSpec&) const = default;
+};
+
+bool ImageDiffers(const ContainerSpec& want, const Container& seen) {
+  return want.image != seen.image;
+}
+
+// The client of examples/replicas/main.cc, shortened.
+class RuntimeClient
+    : public setpoint::SyncerClient<std::string, ContainerSpec, Container> {
+ public:
+  RuntimeClient(FakeRuntime* runtime, std::shared_ptr<spdlog::logger> logger)
+      : runtime_(runtime), logger_(std::move(logger)) {}
+  absl::Status Create(const setpoint::Context& ctx, const std::string& name,
+                      const ContainerSpec& want) override {
+    return runtime_->Create(ctx, name, want.image);
+  }
+  absl::Status Update(const setpoint::Context& ctx, const std::string& name,
+                      const ContainerSpec& want, const Container&) override {
+    return runtime_->Update(ctx, name, want.image);
+  }
+  absl::Status Delete(const setpoint::Context& ctx, const std::string& name,
+                      const Container&) override {
+    return runtime_->Delete(ctx, name);
+  }
+
+ private:
+  FakeRuntime* const runtime_;
+  const std::shared_ptr<spdlog::logger> logger_;
+};
+
+// ## The model
+absl::Status SyncerSnippet(setpoint::Runner& runner, FakeRuntime& runtime,
+                           setpoint::Store<std::string, Container>& containers,
+                           std::shared_ptr<spdlog::logger> logger) {
+  // clang-format off
+RuntimeClient client(&runtime, logger);
+setpoint::Syncer<std::string, ContainerSpec, Container> syncer(
+    &runner, &client,
+    {.name = "containers",
+     .needs_update = [](const ContainerSpec& want, const Container& seen) {
+       return want.image != seen.image;
+     },
+     .max_in_flight = 4});
+syncer.ObserveFrom(&containers);  // observed state and its sync
+SETPOINT_RETURN_IF_ERROR(syncer.Start());  // updater threads "sp-updater"
+  // clang-format on
+  syncer.Stop();
+  return absl::OkStatus();
+}
+
+// The client as the doc declares it.
+namespace declared {
+// clang-format off
+class RuntimeClient
+    : public setpoint::SyncerClient<std::string, ContainerSpec, Container> {
+ public:
+  absl::Status Create(const setpoint::Context& ctx, const std::string& name,
+                      const ContainerSpec& want) override;
+  absl::Status Update(const setpoint::Context& ctx, const std::string& name,
+                      const ContainerSpec& want, const Container& seen) override;
+  absl::Status Delete(const setpoint::Context& ctx, const std::string& name,
+                      const Container& seen) override;
+};
+// clang-format on
+}  // namespace declared
+
+// ## Status and counters
+bool StatusSnippet(
+    setpoint::Runner& runner,
+    setpoint::Syncer<std::string, ContainerSpec, Container>& syncer) {
+  // clang-format off
+auto status = runner.PostAndWait(
+    setpoint::Context(), [&] { return syncer.StatusSnapshot(); });
+bool done = status.ok() && status->in_sync &&
+            status->converged == status->keys;
+  // clang-format on
+  return done;
+}
+
+// ## Testing your syncer
+// clang-format off
+using setpoint::testing::AwaitCondition;
+using setpoint::testing::FakeClient;
+using setpoint::testing::NullLogger;
+using setpoint::testing::RunOnRunner;
+
+TEST(ContainerSyncerTest, RetriesAndConverges) {
+  setpoint::Runner runner({.logger = NullLogger()});
+  setpoint::Store<std::string, Container> observed({.logger = NullLogger()});
+  setpoint::PushSource<std::string, Container> watch(&runner, &observed);
+  FakeClient<std::string, ContainerSpec, Container> fake({
+      .to_observed = [](const std::string&, const ContainerSpec& want) {
+        return Container{.image = want.image};
+      },
+      .watcher = [&](const std::string& key,
+                     const std::optional<Container>& c) {
+        c.has_value() ? watch.Set(key, *c) : watch.Delete(key);
+      },
+  });
+  setpoint::Syncer<std::string, ContainerSpec, Container> syncer(
+      &runner, &fake,
+      {.needs_update = ImageDiffers,
+       .backoff = {.initial = absl::Milliseconds(1)},  // fast retries
+       .logger = NullLogger()});
+  syncer.ObserveFrom(&observed);
+  syncer.MarkDesiredComplete();  // no transformer in this test
+  watch.Replace({});             // the world starts empty, and complete
+  ASSERT_TRUE(syncer.Start().ok());
+  ASSERT_TRUE(runner.Start().ok());
+
+  fake.FailNextFor("web-0", 2);  // two kUnavailable, then success
+  ASSERT_TRUE(RunOnRunner(runner, [&] {
+    syncer.SetDesired("web-0", {.image = "nginx:1.25"});
+  }));
+  ASSERT_TRUE(AwaitCondition([&] {
+    auto s = RunOnRunner(runner, [&] { return syncer.StatusSnapshot(); });
+    return s.has_value() && s->keys == 1 && s->converged == 1;
+  }));
+  EXPECT_EQ(fake.CallsFor("web-0", setpoint::SyncOp::kCreate), 3);
+  EXPECT_EQ(fake.stats().max_concurrent_per_key, 1);
+  EXPECT_EQ(syncer.counters().failures, 2);
+  syncer.Stop();
+  runner.Stop();
+}
+// clang-format on
+
+}  // namespace syncer_snippets
