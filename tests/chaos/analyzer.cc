@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,11 @@ bool Num(absl::string_view s, T* out) {
 
 bool Intersects(const Span& a, const Span& b) {
   return a.first < b.second && b.first < a.second;
+}
+
+// Every shard of `b` is in `a`.
+bool Covers(const Range& a, const Range& b) {
+  return b.Empty() || (a.begin <= b.begin && b.end <= a.end);
 }
 
 }  // namespace
@@ -56,8 +62,10 @@ PodLog ParsePodLog(std::string_view text) {
         if (!calls.empty() && calls.back().end == kNever) ++log.unmatched;
         calls.push_back(c);
       }
-    } else if (f[0] == "E" && f.size() == 3) {
-      ok = Num(f[2], &t);
+    } else if ((f[0] == "E" && f.size() == 3) ||
+               (f[0] == "F" && f.size() == 4)) {
+      int code = 0;
+      ok = Num(f[2], &t) && (f.size() == 3 || Num(f[3], &code));
       if (ok) {
         auto it = log.calls.find(std::string(f[1]));
         if (it == log.calls.end() || it->second.empty() ||
@@ -65,7 +73,18 @@ PodLog ParsePodLog(std::string_view text) {
           ++log.unmatched;
         } else {
           it->second.back().end = t;
+          it->second.back().refused = f[0] == "F";
+          it->second.back().code = code;
         }
+      }
+    } else if (f[0] == "C" && f.size() == 7) {
+      ClientCall c;
+      c.node = std::string(f[1]);
+      ok = Num(f[2], &c.shard) && Num(f[3], &c.token) && Num(f[4], &c.start) &&
+           Num(f[5], &c.end) && Num(f[6], &c.code);
+      if (ok) {
+        t = c.end;
+        log.client_calls.push_back(std::move(c));
       }
     } else if (f[0] == "R" && f.size() == 3) {
       Renewal r;
@@ -128,54 +147,79 @@ int64_t ValidUntil(const std::vector<Span>& spans, int64_t t) {
   return t < it->second ? it->second : t;
 }
 
+namespace {
+
+std::vector<Span> FrozenSpans(const PodRecord& rec,
+                              const std::vector<Call>& calls,
+                              const std::vector<Span>& spans) {
+  std::vector<Span> out;
+  for (const Span& stop : rec.stops) {
+    if (ValidUntil(spans, stop.first) > stop.second) continue;  // Valid.
+    int64_t until = kNever;
+    for (const Call& c : calls) {
+      if (c.to.Empty() && !c.refused && c.end != kNever &&
+          c.end >= stop.second) {
+        until = c.end;
+        break;
+      }
+    }
+    for (const Span& v : spans) {
+      if (v.first >= stop.second) {
+        until = std::min(until, v.first);
+        break;
+      }
+    }
+    out.push_back({stop.first, until});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Span> FrozenSpans(const PodRecord& rec, const std::string& node) {
+  auto it = rec.log.calls.find(node);
+  if (it == rec.log.calls.end()) return {};
+  return FrozenSpans(rec, it->second, ValiditySpans(rec.log.renewals));
+}
+
 std::vector<Interval> Intervals(const PodRecord& rec, Cut cut) {
   const std::vector<Span> spans = ValiditySpans(rec.log.renewals);
   std::vector<Interval> out;
   for (const auto& [node, calls] : rec.log.calls) {
     std::vector<Interval> ivs;
-    std::map<uint32_t, std::pair<int64_t, uint64_t>> open;
-    Range cur;
+    // The shards the node holds: since when, under which token, and when
+    // the granting call returned.
+    struct Open {
+      int64_t since;
+      uint64_t token;
+      int64_t granted;
+    };
+    std::map<uint32_t, Open> open;
     for (const Call& c : calls) {
       for (uint32_t s = c.to.begin; s < c.to.end; ++s) {
-        if (!cur.Contains(s)) open[s] = {c.begin, c.token};
+        if (!open.contains(s)) open[s] = {c.begin, c.token, c.end};
       }
-      for (uint32_t s = cur.begin; s < cur.end; ++s) {
-        if (c.to.Contains(s)) continue;
-        auto it = open.find(s);
-        if (it == open.end()) continue;
-        ivs.push_back(
-            {rec.log.pod, node, s, it->second.second, it->second.first, c.end});
-        open.erase(it);
+      if (c.refused) continue;  // Takes nothing away.
+      for (auto it = open.begin(); it != open.end();) {
+        if (c.to.Contains(it->first)) {
+          ++it;
+          continue;
+        }
+        ivs.push_back({rec.log.pod, node, it->first, it->second.token,
+                       it->second.since, c.end, it->second.granted});
+        it = open.erase(it);
       }
-      cur = c.to.Empty() ? Range{} : c.to;
     }
     for (const auto& [s, o] : open) {
-      ivs.push_back({rec.log.pod, node, s, o.second, o.first, kNever});
+      ivs.push_back(
+          {rec.log.pod, node, s, o.token, o.since, kNever, o.granted});
     }
     // Spans excluded from this node's ownership (Cut::kCalls): from a
     // SIGSTOP that outlived the validity until the node's fence returned,
     // or until the pod reported validity again, whichever came first (a
     // pod that resumes without fencing owns again from its renewal).
     std::vector<Span> excluded;
-    if (cut == Cut::kCalls) {
-      for (const Span& stop : rec.stops) {
-        if (ValidUntil(spans, stop.first) > stop.second) continue;  // Valid.
-        int64_t until = kNever;
-        for (const Call& c : calls) {
-          if (c.to.Empty() && c.end != kNever && c.end >= stop.second) {
-            until = c.end;
-            break;
-          }
-        }
-        for (const Span& v : spans) {
-          if (v.first >= stop.second) {
-            until = std::min(until, v.first);
-            break;
-          }
-        }
-        excluded.push_back({stop.first, until});
-      }
-    }
+    if (cut == Cut::kCalls) excluded = FrozenSpans(rec, calls, spans);
     for (Interval iv : ivs) {
       iv.end = std::min(iv.end, rec.death);
       if (cut == Cut::kValidity) {
@@ -275,7 +319,11 @@ std::vector<Grant> Grants(const PodRecord& rec) {
   std::vector<Grant> out;
   for (const auto& [node, calls] : rec.log.calls) {
     uint64_t token = 0;
+    Range cur;
     for (const Call& c : calls) {
+      // A refused call is in force only as a grow (the manager keeps it).
+      if (c.refused && (c.to.Empty() || !Covers(c.to, cur))) continue;
+      cur = c.to;
       if (!c.to.Empty() && c.token != token) {
         out.push_back(
             {rec.log.pod, node, c.to, c.token, c.begin,
@@ -306,6 +354,139 @@ std::vector<TokenViolation> CheckTokens(const std::vector<Grant>& grants,
       if (gs[i]->token <= gs[i - 1]->token) {
         out.push_back({s, *gs[i - 1], *gs[i]});
       }
+    }
+  }
+  return out;
+}
+
+CallCheck CheckClientCalls(const std::vector<const PodRecord*>& pods,
+                           uint32_t ring) {
+  CallCheck out;
+  // Per node: its pod, its UpdateShardRange calls, its frozen spans and
+  // its raw ownership intervals per shard (sorted by start).
+  struct NodeData {
+    const PodRecord* pod = nullptr;
+    const std::vector<Call>* calls = nullptr;
+    std::vector<Span> frozen;
+    std::map<uint32_t, std::vector<Interval>> owned;
+  };
+  std::map<std::string, NodeData> nodes;
+  for (const PodRecord* p : pods) {
+    const std::vector<Span> spans = ValiditySpans(p->log.renewals);
+    for (const auto& [node, calls] : p->log.calls) {
+      NodeData& n = nodes[node];
+      n.pod = p;
+      n.calls = &calls;
+      n.frozen = FrozenSpans(*p, calls, spans);
+    }
+    for (Interval& iv : Intervals(*p, Cut::kRaw)) {
+      nodes[iv.node].owned[iv.shard].push_back(std::move(iv));
+    }
+  }
+  struct Ref {
+    const PodRecord* pod;
+    const ClientCall* call;
+    const NodeData* node;
+  };
+  std::vector<std::vector<Ref>> by_shard(ring);
+  for (const PodRecord* p : pods) {
+    for (const ClientCall& c : p->log.client_calls) {
+      ++out.calls;
+      ++out.by_code[c.code];
+      CallViolation v{.pod = p->log.pod, .call = c};
+      auto n = nodes.find(c.node);
+      if (c.node == "-") {
+        v.kind = CallViolation::Kind::kNoAssignment;
+        out.violations.push_back(std::move(v));
+        continue;
+      }
+      if (n == nodes.end() || n->second.pod != p || c.shard >= ring) {
+        v.kind = CallViolation::Kind::kOutsideOwnership;
+        out.violations.push_back(std::move(v));
+        continue;
+      }
+      const NodeData& node = n->second;
+      by_shard[c.shard].push_back({p, &c, &node});
+      const Interval* in = nullptr;
+      const Interval* near = nullptr;
+      if (auto o = node.owned.find(c.shard); o != node.owned.end()) {
+        for (const Interval& iv : o->second) {
+          if (iv.start <= c.start && c.end <= iv.end) {
+            in = &iv;
+            break;
+          }
+          if (near == nullptr || iv.start <= c.end) near = &iv;
+        }
+      }
+      if (in == nullptr) {
+        v.kind = CallViolation::Kind::kOutsideOwnership;
+        if (near != nullptr) v.owned = *near;
+        out.violations.push_back(std::move(v));
+        continue;
+      }
+      if (c.start < in->granted) ++out.started_inside_grant;
+      bool given = false;
+      for (const Call& u : *node.calls) {
+        if (u.begin > c.start) break;
+        given = given || (u.token == c.token && u.to.Contains(c.shard));
+      }
+      if (!given) {
+        v.kind = CallViolation::Kind::kForeignToken;
+        v.owned = *in;
+        out.violations.push_back(std::move(v));
+      }
+    }
+  }
+  // Overlaps per shard: a sweep by start over the calls still running.
+  auto frozen_over = [](const Ref& r, int64_t from, int64_t to) {
+    for (const Span& f : r.node->frozen) {
+      if (f.first <= from && to <= f.second) return true;
+    }
+    return false;
+  };
+  for (uint32_t s = 0; s < ring; ++s) {
+    std::vector<Ref>& refs = by_shard[s];
+    std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) {
+      return a.call->start < b.call->start;
+    });
+    std::vector<const Ref*> running;
+    for (const Ref& b : refs) {
+      std::erase_if(
+          running, [&](const Ref* a) { return a->call->end <= b.call->start; });
+      for (const Ref* a : running) {
+        if (a->call->node == b.call->node) continue;
+        if (!(b.call->start < a->call->end && a->call->start < b.call->end)) {
+          continue;
+        }
+        int64_t from = b.call->start;
+        int64_t to = std::min(a->call->end, b.call->end);
+        const Ref* frozen = nullptr;
+        const Ref* other = nullptr;
+        if (frozen_over(*a, from, to) && a->call->token < b.call->token) {
+          frozen = a;
+          other = &b;
+        } else if (frozen_over(b, from, to) && b.call->token < a->call->token) {
+          frozen = &b;
+          other = a;
+        }
+        if (frozen != nullptr) {
+          out.excused.push_back({.frozen_pod = frozen->pod->log.pod,
+                                 .frozen = *frozen->call,
+                                 .other_pod = other->pod->log.pod,
+                                 .other = *other->call,
+                                 .from = from,
+                                 .to = to});
+          continue;
+        }
+        out.violations.push_back({.kind = CallViolation::Kind::kOverlap,
+                                  .pod = a->pod->log.pod,
+                                  .call = *a->call,
+                                  .other_pod = b.pod->log.pod,
+                                  .other = *b.call,
+                                  .from = from,
+                                  .to = to});
+      }
+      running.push_back(&b);
     }
   }
   return out;
@@ -487,6 +668,8 @@ std::vector<ValidityLapse> ValidityLapses(const PodRecord& rec) {
     bool holding = false;
     int64_t since = 0;
     for (const Call& c : calls) {
+      // A refused call changes nothing but a grow from nothing.
+      if (c.refused && (holding || c.to.Empty())) continue;
       if (!holding && !c.to.Empty()) {
         holding = true;
         since = c.begin;

@@ -6,18 +6,26 @@
 //   std::vector<Interval> ivs = Intervals(rec, Cut::kValidity);
 //   OwnerCheck check = CheckOneOwner(all_intervals, ring);
 //   check.overlaps.empty()  // at most one owner per shard at every instant
+//   CallCheck calls = CheckClientCalls({&rec, ...}, ring);
+//   calls.violations.empty()  // every client call inside its node's
+//                             // ownership, no two nodes' calls overlap
 //
 // The log format is chaos_pod.cc's (times in CLOCK_MONOTONIC ns):
 //   S <ns> <pod> <pid> <nodes> <ring> <lease_ms> <poll_ms> <offset_ns>
 //   B <node> <begin> <end> <token> <ns>   E <node> <ns>
+//   F <node> <ns> <code>
+//   C <node> <shard> <token> <start_ns> <end_ns> <code>
 //   R <ns> <valid_until_ns>   T <ns> <signal>   X <ns>
 //
 // Ownership (as in tests/integration/failover_test.cc): a node owns shard
 // s from the B line of the call that gives it s (s in the call's range, not
-// in the range of the node's previous call) until the E line of the call
-// that takes s away; a call without its E line (the pod died inside it)
-// keeps everything it held. Every interval is cut at the pod's death (the
-// time the driver sent SIGKILL, or reaped the process). On top of that:
+// in the range the node holds) until the E line of the call that takes s
+// away; a call without its E line (the pod died inside it) keeps
+// everything it held. A refused call (F instead of E) takes nothing away;
+// the shards it adds are owned from its B (the controller may already have
+// re-scoped to them, and the manager keeps a refused grow as given). Every
+// interval is cut at the pod's death (the time the driver sent SIGKILL, or
+// reaped the process). On top of that:
 //   Cut::kValidity  also ends an interval where the pod's validity lapsed:
 //                   the validity at instant t is the largest valid_until of
 //                   the R lines logged at or before t; an interval starting
@@ -32,6 +40,15 @@
 //                   cannot stop on time; that is the pause problem fencing
 //                   tokens handle, not a protocol failure.
 //   Cut::kRaw       only the death cut (takeover and convergence timing).
+//
+// Client calls (CheckClientCalls): each C line must lie inside a raw
+// ownership interval of its node on its shard (start at or after the B
+// that gave it, end at or before the E that took it away: that E returns
+// only after the calls ended), carry a token its node was given with that
+// shard before the call started, and overlap no call of another node on
+// the same shard, except inside the span Cut::kCalls drops for a SIGSTOP
+// that outlived the validity, with the frozen call's token the lower one
+// (the world's fencing refuses it then): those are counted as excused.
 //
 // Thread safety: pure functions and value types.
 #ifndef SETPOINT_TESTS_CHAOS_ANALYZER_H_
@@ -73,7 +90,20 @@ struct Call {
   Range to = {};
   uint64_t token = 0;
   int64_t begin = 0;     // B line.
-  int64_t end = kNever;  // E line; kNever: none (died inside, or running).
+  int64_t end = kNever;  // E or F line; kNever: none (died inside, or
+                         // running).
+  bool refused = false;  // F line: returned an error, released nothing.
+  int code = 0;          // F line's status code.
+};
+
+// One call of a syncer's client (C line), logged as it returned.
+struct ClientCall {
+  std::string node = "";  // "-": the call had no assignment.
+  uint32_t shard = 0;
+  uint64_t token = 0;
+  int64_t start = 0;  // Entered the client.
+  int64_t end = 0;    // About to return.
+  int code = 0;       // absl::StatusCode of the result.
 };
 
 struct PodLog {
@@ -88,9 +118,10 @@ struct PodLog {
   int64_t exited = kNever;             // X line.
   std::vector<Renewal> renewals = {};  // Sorted by `at`.
   std::map<std::string, std::vector<Call>> calls = {};  // Per node, in order.
+  std::vector<ClientCall> client_calls = {};            // In the order logged.
   int64_t last_line = 0;  // Latest time in any line.
   int bad_lines = 0;      // Did not parse.
-  int unmatched = 0;      // E without a B, or a B before the last E.
+  int unmatched = 0;      // E/F without a B, or a B before the last E/F.
 };
 
 // Parses complete lines only (a line still being written is ignored).
@@ -122,6 +153,8 @@ struct Interval {
   uint64_t token = 0;
   int64_t start = 0;
   int64_t end = kNever;
+  // When the granting call returned (E or F); kNever: it did not.
+  int64_t granted = kNever;
 };
 
 // The pod's ownership intervals (non-empty ones only), by shard then start.
@@ -169,6 +202,59 @@ struct TokenViolation {
 // left out.
 std::vector<TokenViolation> CheckTokens(const std::vector<Grant>& grants,
                                         uint32_t ring, bool effective_only);
+
+// The spans during which a SIGSTOP excuses `node`'s ownership (Cut::kCalls):
+// for each stop that outlived the pod's validity, from the SIGSTOP until the
+// E of the node's first call to the empty range ending after the SIGCONT
+// (its self-fence), or the pod's next validity span, whichever is first.
+std::vector<Span> FrozenSpans(const PodRecord& rec, const std::string& node);
+
+// A client call that broke the one-owner promise.
+struct CallViolation {
+  enum class Kind {
+    kNoAssignment,      // Ran without an assignment (node "-").
+    kOutsideOwnership,  // Not inside an ownership interval of its node.
+    kForeignToken,      // A token its node was not given with that shard.
+    kOverlap,           // Overlaps another node's call on the shard.
+  };
+  Kind kind = Kind::kOutsideOwnership;
+  std::string pod = "";
+  ClientCall call = {};
+  // kOutsideOwnership: the node's interval on the shard nearest the call,
+  // if any (start == end == 0 when none).
+  Interval owned = {};
+  // kOverlap: the other call, and when both ran.
+  std::string other_pod = "";
+  ClientCall other = {};
+  int64_t from = 0;
+  int64_t to = 0;
+};
+
+// Two calls on a shard by different nodes that overlapped only while one
+// of them was frozen (FrozenSpans) with the lower token.
+struct ExcusedOverlap {
+  std::string frozen_pod = "";
+  ClientCall frozen = {};
+  std::string other_pod = "";
+  ClientCall other = {};
+  int64_t from = 0;
+  int64_t to = 0;
+};
+
+struct CallCheck {
+  int64_t calls = 0;  // C lines checked.
+  std::vector<CallViolation> violations = {};
+  std::vector<ExcusedOverlap> excused = {};
+  // Of the calls, how many started before the call granting their shard
+  // returned (allowed: the controller re-scopes inside UpdateShardRange).
+  int64_t started_inside_grant = 0;
+  // Calls by result code (0 OK, 1 CANCELLED, ...).
+  std::map<int, int64_t> by_code = {};
+};
+
+// Every client call of `pods` (shards >= ring are violations of ownership).
+CallCheck CheckClientCalls(const std::vector<const PodRecord*>& pods,
+                           uint32_t ring);
 
 // How long after `from` another pod started on each shard `pod` gave up.
 struct Takeover {

@@ -1,8 +1,9 @@
-// The chaos analyzer on synthetic pod logs: ownership from B/E lines, the
+// The chaos analyzer on synthetic pod logs: ownership from B/E/F lines, the
 // death, validity and SIGSTOP cuts, double ownership, tokens, takeover,
-// convergence and late fences.
+// convergence, late fences and the client-call check.
 #include "chaos/analyzer.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,14 @@ std::string B(const std::string& node, uint32_t b, uint32_t e, uint64_t tok,
 }
 std::string E(const std::string& node, int64_t t) {
   return absl::StrCat("E ", node, " ", t, "\n");
+}
+std::string F(const std::string& node, int64_t t, int code = 4) {
+  return absl::StrCat("F ", node, " ", t, " ", code, "\n");
+}
+std::string C(const std::string& node, uint32_t shard, uint64_t tok,
+              int64_t start, int64_t end, int code = 0) {
+  return absl::StrCat("C ", node, " ", shard, " ", tok, " ", start, " ", end,
+                      " ", code, "\n");
 }
 std::string R(int64_t at, int64_t until) {
   return absl::StrCat("R ", at, " ", until, "\n");
@@ -191,6 +200,156 @@ TEST(ChaosAnalyzerTest, ASigstopPastValidityIsExcusedOnlyUntilTheFence) {
           kNever, {{200, 1000}});
   EXPECT_EQ(CheckOneOwner(All({regranted, b}, Cut::kCalls), 1).overlaps.size(),
             1u);
+}
+
+TEST(ChaosAnalyzerTest, ParsesRefusalsAndClientCalls) {
+  PodLog log = ParsePodLog(S("a", 1) + B("a/work/0", 0, 4, 7, 10) +
+                           F("a/work/0", 20, 4) + C("a/work/0", 3, 7, 30, 40) +
+                           B("a/work/0", 0, 4, 7, 50) + E("a/work/0", 51) +
+                           "C a/work/0 3 7 30\n");  // Too short.
+  ASSERT_EQ(log.calls["a/work/0"].size(), 2u);
+  EXPECT_TRUE(log.calls["a/work/0"][0].refused);
+  EXPECT_EQ(log.calls["a/work/0"][0].code, 4);
+  EXPECT_EQ(log.calls["a/work/0"][0].end, 20);
+  EXPECT_FALSE(log.calls["a/work/0"][1].refused);
+  ASSERT_EQ(log.client_calls.size(), 1u);
+  EXPECT_EQ(log.client_calls[0].node, "a/work/0");
+  EXPECT_EQ(log.client_calls[0].shard, 3u);
+  EXPECT_EQ(log.client_calls[0].token, 7u);
+  EXPECT_EQ(log.client_calls[0].start, 30);
+  EXPECT_EQ(log.client_calls[0].end, 40);
+  EXPECT_EQ(log.unmatched, 0);
+  EXPECT_EQ(log.bad_lines, 1);
+}
+
+TEST(ChaosAnalyzerTest, ARefusedHandoffTakesNothingAway) {
+  // a asks to shrink [0,2) -> [0,1) at 200 and refuses (F 210): it still
+  // owns shard 1 until the shrink asked again returns (E 260). A refused
+  // grow (to [0,3)) gives shard 2 from its B.
+  PodRecord a =
+      Rec(S("a", 1) + B("a/work/0", 0, 2, 5, 100) + E("a/work/0", 101) +
+          B("a/work/0", 0, 1, 5, 200) + F("a/work/0", 210) +
+          B("a/work/0", 0, 1, 5, 250) + E("a/work/0", 260) +
+          B("a/work/0", 0, 3, 6, 300) + F("a/work/0", 310));
+  std::vector<Interval> ivs = Intervals(a, Cut::kRaw);
+  ASSERT_EQ(ivs.size(), 4u);
+  EXPECT_EQ(Find(ivs, 1, 100)->end, 260);
+  EXPECT_EQ(Find(ivs, 0, 100)->end, kNever);
+  EXPECT_EQ(Find(ivs, 1, 300)->end, kNever);
+  EXPECT_EQ(Find(ivs, 2, 300)->granted, 310);
+  // The refused shrink is no grant; the refused grow is (a new token).
+  std::vector<Grant> grants = Grants(a);
+  ASSERT_EQ(grants.size(), 2u);
+  EXPECT_EQ(grants[1].token, 6u);
+  EXPECT_EQ(grants[1].at, 300);
+}
+
+// Pod a holds shard 1 (token 5) and gives it up at B 200 / E 230; pod b is
+// granted it at B 240 (token 6).
+std::string HandoffA(const std::string& calls) {
+  return S("a", 1) + R(50, 5000) + B("a/work/0", 0, 2, 5, 100) +
+         E("a/work/0", 110) + calls + B("a/work/0", 0, 1, 5, 200) +
+         E("a/work/0", 230);
+}
+std::string HandoffB(const std::string& calls) {
+  return S("b", 1) + R(50, 5000) + B("b/work/0", 1, 2, 6, 240) +
+         E("b/work/0", 250) + calls;
+}
+
+TEST(ChaosAnalyzerTest, ClientCallsOfACleanHandoffAreAccepted) {
+  // a's call on shard 1 ends (cancelled) before its shrink returns; b's
+  // calls start after its grant, one of them before the grant returned.
+  PodRecord a = Rec(HandoffA(C("a/work/0", 1, 5, 105, 180) +
+                             C("a/work/0", 0, 5, 150, 225) +
+                             C("a/work/0", 1, 5, 190, 228, 1)));
+  PodRecord b = Rec(
+      HandoffB(C("b/work/0", 1, 6, 245, 300) + C("b/work/0", 1, 6, 260, 320)));
+  CallCheck check = CheckClientCalls({&a, &b}, 2);
+  EXPECT_EQ(check.calls, 5);
+  EXPECT_TRUE(check.violations.empty());
+  EXPECT_TRUE(check.excused.empty());
+  EXPECT_EQ(check.started_inside_grant, 2);  // a at 105, b at 245.
+  EXPECT_EQ(check.by_code[0], 4);
+  EXPECT_EQ(check.by_code[1], 1);
+}
+
+TEST(ChaosAnalyzerTest, ClientCallViolationsAreCaught) {
+  // a's call on shard 1 ends after the E that took the shard away (and
+  // so overlaps b's), another one starts before a's grant, one carries a
+  // token a was never given, and one ran without an assignment.
+  PodRecord a = Rec(
+      HandoffA(C("a/work/0", 1, 5, 190, 245) + C("a/work/0", 0, 5, 90, 120) +
+               C("a/work/0", 0, 9, 150, 160) + C("-", 0, 0, 150, 160)));
+  PodRecord b = Rec(HandoffB(C("b/work/0", 1, 6, 241, 300)));
+  CallCheck check = CheckClientCalls({&a, &b}, 2);
+  EXPECT_EQ(check.calls, 5);
+  std::map<CallViolation::Kind, int> kinds;
+  for (const CallViolation& v : check.violations) ++kinds[v.kind];
+  EXPECT_EQ(kinds[CallViolation::Kind::kOutsideOwnership], 2);
+  EXPECT_EQ(kinds[CallViolation::Kind::kForeignToken], 1);
+  EXPECT_EQ(kinds[CallViolation::Kind::kNoAssignment], 1);
+  ASSERT_EQ(kinds[CallViolation::Kind::kOverlap], 1);
+  for (const CallViolation& v : check.violations) {
+    if (v.kind == CallViolation::Kind::kOutsideOwnership && v.call.shard == 1) {
+      EXPECT_EQ(v.owned.end, 230);  // The interval the call outlived.
+    }
+    if (v.kind != CallViolation::Kind::kOverlap) continue;
+    EXPECT_EQ(v.call.node, "a/work/0");
+    EXPECT_EQ(v.other.node, "b/work/0");
+    EXPECT_EQ(v.from, 241);
+    EXPECT_EQ(v.to, 245);
+  }
+  // Calls of two nodes of one pod overlap just as well.
+  PodRecord two =
+      Rec(S("a", 1, 2) + B("a/work/0", 0, 1, 5, 100) + E("a/work/0", 101) +
+          B("a/work/1", 0, 1, 6, 100) + E("a/work/1", 101) +
+          C("a/work/0", 0, 5, 110, 130) + C("a/work/1", 0, 6, 120, 140));
+  check = CheckClientCalls({&two}, 1);
+  ASSERT_EQ(check.violations.size(), 1u);
+  EXPECT_EQ(check.violations[0].kind, CallViolation::Kind::kOverlap);
+}
+
+TEST(ChaosAnalyzerTest, AFrozenPodsCallOverlapsOnlyExcusedUntilItsFence) {
+  // a: valid until 300, SIGSTOPped at 200 inside a call on shard 0 that
+  // returns after the SIGCONT (1000), at 1003; it starts another at 1004
+  // and fences (empty range) at 1005-1010. b is granted shard 0 at 600
+  // with a higher token and calls during a's freeze and after its fence.
+  std::string a_log = S("a", 1) + R(50, 300) + B("a/work/0", 0, 1, 5, 100) +
+                      E("a/work/0", 101) + C("a/work/0", 0, 5, 150, 1003) +
+                      C("a/work/0", 0, 5, 1004, 1008, 1) +
+                      B("a/work/0", 0, 0, 0, 1005) + E("a/work/0", 1010);
+  PodRecord a = Rec(a_log, kNever, {{200, 1000}});
+  std::string b_log = S("b", 1) + R(550, 5000) + B("b/work/0", 0, 1, 6, 600) +
+                      E("b/work/0", 601) + C("b/work/0", 0, 6, 610, 640) +
+                      C("b/work/0", 0, 6, 990, 1006) +
+                      C("b/work/0", 0, 6, 1020, 1030);
+  PodRecord b = Rec(b_log);
+  EXPECT_EQ(FrozenSpans(a, "a/work/0"), (std::vector<Span>{{200, 1010}}));
+  CallCheck check = CheckClientCalls({&a, &b}, 1);
+  EXPECT_EQ(check.calls, 5);
+  EXPECT_TRUE(check.violations.empty());
+  ASSERT_EQ(check.excused.size(), 3u);  // 610-640, 990-1003, 1004-1006.
+  EXPECT_EQ(check.excused[0].frozen_pod, "a");
+  EXPECT_EQ(check.excused[0].other.node, "b/work/0");
+  EXPECT_EQ(check.excused[0].from, 610);
+  EXPECT_EQ(check.excused[0].to, 640);
+  // The frozen call must hold the lower token: with b's token lower, the
+  // world's fencing would not refuse a's write.
+  PodRecord b_low = Rec(S("b", 1) + R(550, 5000) + B("b/work/0", 0, 1, 4, 600) +
+                        E("b/work/0", 601) + C("b/work/0", 0, 4, 610, 640));
+  check = CheckClientCalls({&a, &b_low}, 1);
+  EXPECT_TRUE(check.excused.empty());
+  ASSERT_EQ(check.violations.size(), 1u);
+  EXPECT_EQ(check.violations[0].kind, CallViolation::Kind::kOverlap);
+  // A stop that ended while the pod was still valid excuses nothing.
+  PodRecord valid =
+      Rec(S("a", 1) + R(50, 5000) + B("a/work/0", 0, 1, 5, 100) +
+              E("a/work/0", 101) + C("a/work/0", 0, 5, 150, 1003) +
+              B("a/work/0", 0, 0, 0, 1005) + E("a/work/0", 1010),
+          kNever, {{200, 1000}});
+  check = CheckClientCalls({&valid, &b}, 1);
+  EXPECT_TRUE(check.excused.empty());
+  EXPECT_EQ(check.violations.size(), 2u);  // With 610-640 and 990-1006.
 }
 
 TEST(ChaosAnalyzerTest, TokensMustGrowPerShard) {

@@ -1,15 +1,26 @@
 // chaos_pod: one "pod" of the chaos test. Runs a NodeManager with --nodes
-// nodes of kind "work" on a ring of --ring shards against Redis, and appends
-// every ownership event to --log, with times on CLOCK_MONOTONIC (the
-// system-wide monotonic clock, so the driver can merge all pods' logs):
+// nodes of kind "work" on a ring of --ring shards against Redis; each node
+// is a setpoint::Controller wired as a user would: a Poll of the desired
+// values (kKeysPerShard keys on every shard of the ring, each changing
+// every kChangePeriodMs), a Poll of a pod-local in-memory "world", and a
+// Sync whose client writes the world after 0-20 ms (cut short by the
+// call's cancellation). It appends every ownership event and every client
+// call to --log, with times on CLOCK_MONOTONIC (the system-wide monotonic
+// clock, so the driver can merge all pods' logs):
 //   S <ns> <pod> <pid> <nodes> <ring> <lease_ms> <poll_ms> <clock_offset_ns>
 //                                         started (before the manager starts)
 //   B <node> <begin> <end> <token> <ns>   UpdateShardRange called
-//   E <node> <ns>                         ...and returned
+//   E <node> <ns>                         ...and returned OK
+//   F <node> <ns> <code>                  ...or refused: nothing was
+//                                         released (the manager asks again)
+//   C <node> <shard> <token> <start_ns> <end_ns> <code>
+//                                         one client call, logged as it
+//                                         returns (code: absl canonical, 0 OK)
 //   R <ns> <valid_until_ns>               lease renewed: may work until then
 //   T <ns> <signal>                       stop requested (SIGTERM/SIGINT)
 //   X <ns>                                stopped gracefully, about to exit 0
-// Each line is one write(), so whole lines survive SIGKILL.
+// Each line is one write(), so whole lines survive SIGKILL (a call cut by
+// SIGKILL logs nothing: its world dies with it).
 //
 // <clock_offset_ns> is ToUnixNanos(Clock::Monotonic()->Now()) minus
 // CLOCK_MONOTONIC read just before it: the manager's clock is
@@ -29,15 +40,24 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
+#include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/controller/controller.h"
 #include "setpoint/node/node_manager.h"
+#include "setpoint/node/shard.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -57,22 +77,167 @@ void Log(int fd, const std::string& line) {
   (void)n;
 }
 
-class LoggingNode : public setpoint::Node {
- public:
-  LoggingNode(std::string id, int fd) : id_(std::move(id)), fd_(fd) {}
-  absl::Status Run(const setpoint::Context& ctx) override {
-    (void)ctx.Wait(absl::InfiniteDuration());  // Cancelled at stop.
-    return absl::OkStatus();
+// Desired keys per shard: every shard has calls.
+constexpr int kKeysPerShard = 4;
+// Each key's desired value changes once per period (keys are staggered
+// over it): ring * kKeysPerShard calls per period across the fleet.
+constexpr int64_t kChangePeriodMs = 2000;
+// Both stores are listed this often.
+constexpr absl::Duration kListInterval = absl::Milliseconds(200);
+// A client call takes up to this long (less when cancelled).
+constexpr int64_t kMaxCallMs = 20;
+
+using Values = absl::flat_hash_map<std::string, int64_t>;
+
+// kKeysPerShard keys for every shard of a ring of `ring`, with each key's
+// phase in the change period.
+std::vector<std::pair<std::string, int64_t>> KeysCoveringRing(uint32_t ring) {
+  std::vector<int> count(ring, 0);
+  std::vector<std::pair<std::string, int64_t>> keys;
+  uint32_t full = 0;
+  for (uint64_t i = 0; full < ring; ++i) {
+    std::string key = absl::StrCat("k", i);
+    uint32_t shard = setpoint::ShardOf(key, ring);
+    if (count[shard] == kKeysPerShard) continue;
+    if (++count[shard] == kKeysPerShard) ++full;
+    int64_t phase = static_cast<int64_t>(std::hash<std::string>{}(key) %
+                                         (kChangePeriodMs * 1'000'000));
+    keys.emplace_back(std::move(key), phase);
   }
-  absl::Status UpdateShardRange(const setpoint::Context&,
-                                const setpoint::ShardAssignment& a) override {
-    Log(fd_, absl::StrCat("B ", id_, " ", a.range.begin, " ", a.range.end, " ",
-                          a.token, " ", MonotonicNanos()));
-    Log(fd_, absl::StrCat("E ", id_, " ", MonotonicNanos()));
-    return absl::OkStatus();
+  return keys;
+}
+
+// What the pod's nodes write to: key -> value, in memory, shared by the
+// pod's nodes (a shard that moves between pods starts empty there).
+class World {
+ public:
+  void Put(const std::string& key, int64_t value) {
+    setpoint::MutexLock l(&mu_);
+    values_[key] = value;
+  }
+  void Erase(const std::string& key) {
+    setpoint::MutexLock l(&mu_);
+    values_.erase(key);
+  }
+  Values List() const {
+    setpoint::MutexLock l(&mu_);
+    return values_;
   }
 
  private:
+  mutable setpoint::Mutex mu_;
+  Values values_ ABSL_GUARDED_BY(mu_);
+};
+
+// The syncer's client: each call waits 0-kMaxCallMs on its context, then
+// writes the world if not cancelled, and logs one C line.
+class WorldClient
+    : public setpoint::SyncerClient<std::string, int64_t, int64_t> {
+ public:
+  WorldClient(World* world, uint32_t ring, int fd)
+      : world_(world), ring_(ring), fd_(fd) {}
+  absl::Status Create(const setpoint::Context& ctx, const std::string& key,
+                      const int64_t& want) override {
+    return Call(ctx, key, &want);
+  }
+  absl::Status Update(const setpoint::Context& ctx, const std::string& key,
+                      const int64_t& want, const int64_t&) override {
+    return Call(ctx, key, &want);
+  }
+  absl::Status Delete(const setpoint::Context& ctx, const std::string& key,
+                      const int64_t&) override {
+    return Call(ctx, key, nullptr);
+  }
+
+ private:
+  absl::Status Call(const setpoint::Context& ctx, const std::string& key,
+                    const int64_t* want) {
+    const int64_t start = MonotonicNanos();
+    const setpoint::Assignment* a = setpoint::AssignmentOf(ctx);
+    absl::Status s;
+    if (a == nullptr) {
+      s = absl::FailedPreconditionError("world call: no assignment");
+    } else {
+      const uint64_t h = std::hash<std::string>{}(key) ^
+                         static_cast<uint64_t>(want == nullptr ? 0 : *want);
+      s = ctx.Wait(absl::Microseconds(
+          static_cast<int64_t>(h % (kMaxCallMs * 1000 + 1))));
+    }
+    if (s.ok()) {
+      if (want != nullptr) {
+        world_->Put(key, *want);
+      } else {
+        world_->Erase(key);
+      }
+    }
+    Log(fd_, absl::StrCat("C ", a == nullptr ? "-" : a->node_id, " ",
+                          setpoint::ShardOf(key, ring_), " ",
+                          a == nullptr ? 0 : a->token, " ", start, " ",
+                          MonotonicNanos(), " ", static_cast<int>(s.code())));
+    return s;
+  }
+
+  World* const world_;
+  const uint32_t ring_;
+  const int fd_;
+};
+
+// The controller's pieces: desired values from the clock, observed values
+// from the world, and a syncer between them.
+absl::Status BuildWorldController(
+    setpoint::ControllerBuilder& b, World* world, uint32_t ring, int fd,
+    const std::vector<std::pair<std::string, int64_t>>* keys) {
+  auto* seen = b.Poll<std::string, int64_t>(
+      "world",
+      [world](const setpoint::Context&) -> absl::StatusOr<Values> {
+        return world->List();
+      },
+      {.interval = kListInterval});
+  auto* want = b.Poll<std::string, int64_t>(
+      "desired",
+      [keys](const setpoint::Context&) -> absl::StatusOr<Values> {
+        const int64_t now = MonotonicNanos();
+        Values out;
+        out.reserve(keys->size());
+        for (const auto& [key, phase] : *keys) {
+          out[key] = (now + phase) / (kChangePeriodMs * 1'000'000);
+        }
+        return out;
+      },
+      {.interval = kListInterval});
+  auto* client = b.Own(std::make_unique<WorldClient>(world, ring, fd));
+  b.Sync<std::string, int64_t, int64_t>(
+      "world", client, seen, want,
+      {.max_in_flight = 4, .expectation_timeout = absl::Seconds(2)});
+  return absl::OkStatus();
+}
+
+// A Controller with its UpdateShardRange calls logged: B before, E after
+// an OK return, F after a refusal.
+class LoggedController : public setpoint::Node {
+ public:
+  LoggedController(std::unique_ptr<setpoint::Node> inner, std::string id,
+                   int fd)
+      : inner_(std::move(inner)), id_(std::move(id)), fd_(fd) {}
+  absl::Status Run(const setpoint::Context& ctx) override {
+    return inner_->Run(ctx);
+  }
+  absl::Status UpdateShardRange(const setpoint::Context& ctx,
+                                const setpoint::ShardAssignment& a) override {
+    Log(fd_, absl::StrCat("B ", id_, " ", a.range.begin, " ", a.range.end, " ",
+                          a.token, " ", MonotonicNanos()));
+    absl::Status s = inner_->UpdateShardRange(ctx, a);
+    if (s.ok()) {
+      Log(fd_, absl::StrCat("E ", id_, " ", MonotonicNanos()));
+    } else {
+      Log(fd_, absl::StrCat("F ", id_, " ", MonotonicNanos(), " ",
+                            static_cast<int>(s.code())));
+    }
+    return s;
+  }
+
+ private:
+  const std::unique_ptr<setpoint::Node> inner_;
   const std::string id_;
   const int fd_;
 };
@@ -145,15 +310,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", registry.status().ToString().c_str());
     return 2;
   }
+  World world;
+  const std::vector<std::pair<std::string, int64_t>> keys =
+      KeysCoveringRing(ring);
+  setpoint::ControllerKind work{
+      .kind = "work",
+      .count = nodes,
+      .ring_size = ring,
+      .build =
+          [&world, ring, fd, &keys](setpoint::ControllerBuilder& b) {
+            return BuildWorldController(b, &world, ring, fd, &keys);
+          },
+      .options = {.clock = setpoint::Clock::Monotonic(), .logger = logger},
+  };
+  setpoint::NodeKindOptions kind = work.ToNodeKind();
+  kind.factory = [make = std::move(kind.factory),
+                  fd](const setpoint::NodeInfo& info) {
+    return std::make_unique<LoggedController>(make(info), info.id, fd);
+  };
   setpoint::NodeManagerOptions options{
       .pod_id = pod,
-      .kinds = {{.kind = "work",
-                 .count = nodes,
-                 .ring_size = ring,
-                 .factory =
-                     [fd](const setpoint::NodeInfo& info) {
-                       return std::make_unique<LoggingNode>(info.id, fd);
-                     }}},
+      .kinds = {std::move(kind)},
       .registry = registry->get(),
       .poll_interval = absl::Milliseconds(poll_ms),
       .lease = absl::Milliseconds(lease_ms),

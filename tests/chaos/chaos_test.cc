@@ -5,8 +5,10 @@
 // older one), CLIENT PAUSE, DEBUG SLEEP, CLIENT KILL, partitions, slow
 // links and connection resets. Then it heals everything, waits until the
 // ring is owned exactly once, stops the pods, and checks from the pods' own
-// logs (analyzer.h) that no shard ever had two owners, that tokens grew,
-// and how fast shards were owned again. tests/chaos/README.md has the knobs
+// logs (analyzer.h) that no shard ever had two owners, that every client
+// call of the pods' controllers ran inside its node's ownership and
+// overlapped no other node's, that tokens grew, and how fast shards were
+// owned again. tests/chaos/README.md has the knobs
 // (SETPOINT_CHAOS_SEED, SETPOINT_CHAOS_SECONDS, ...) and how to replay.
 #include <fcntl.h>
 #include <signal.h>
@@ -34,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1066,6 +1070,13 @@ void ChaosHarness::Analyze() {
   std::vector<const PodRecord*> rec_ptrs;
   for (const PodRecord& r : recs) rec_ptrs.push_back(&r);
   std::vector<Span> converged = ConvergedSpans(rec_ptrs, raw, c_.ring);
+  CallCheck client = CheckClientCalls(rec_ptrs, c_.ring);
+  int refusals = 0;
+  for (const PodRecord& r : recs) {
+    for (const auto& [node, node_calls] : r.log.calls) {
+      for (const Call& c : node_calls) refusals += c.refused ? 1 : 0;
+    }
+  }
 
   // Per fault: recovery, takeover, cleanliness.
   struct PerFault {
@@ -1276,6 +1287,55 @@ void ChaosHarness::Analyze() {
                             static_cast<double>(worst[i]->duration()) / kMs);
     }
   }
+  {
+    std::vector<std::string> codes;
+    for (const auto& [code, n] : client.by_code) {
+      codes.push_back(absl::StrCat(
+          absl::AsciiStrToLower(
+              absl::StatusCodeToString(static_cast<absl::StatusCode>(code))),
+          " ", n));
+    }
+    absl::StrAppendFormat(
+        &out,
+        "client calls: %lld checked (%s), %d violations, %d excused overlaps "
+        "(frozen by SIGSTOP, lower token), %lld started inside their grant; "
+        "refused handoffs %d\n",
+        static_cast<long long>(client.calls), absl::StrJoin(codes, ", "),
+        static_cast<int>(client.violations.size()),
+        static_cast<int>(client.excused.size()),
+        static_cast<long long>(client.started_inside_grant), refusals);
+    const char* kind_names[] = {"no assignment", "outside ownership",
+                                "foreign token", "overlap"};
+    for (size_t i = 0; i < client.violations.size() && i < 5; ++i) {
+      const CallViolation& v = client.violations[i];
+      absl::StrAppendFormat(&out, "  %s: %s shard %u token %llu %s..%s",
+                            kind_names[static_cast<int>(v.kind)], v.call.node,
+                            v.call.shard,
+                            static_cast<unsigned long long>(v.call.token),
+                            Rel(v.call.start), Rel(v.call.end));
+      if (v.kind == CallViolation::Kind::kOverlap) {
+        absl::StrAppendFormat(&out, " and %s token %llu %s..%s", v.other.node,
+                              static_cast<unsigned long long>(v.other.token),
+                              Rel(v.other.start), Rel(v.other.end));
+      } else if (v.owned.end > v.owned.start) {
+        absl::StrAppendFormat(
+            &out, " (owned %s..%s)", Rel(v.owned.start),
+            v.owned.end == kNever ? std::string("end") : Rel(v.owned.end));
+      }
+      absl::StrAppendFormat(&out, "\n");
+    }
+    for (size_t i = 0; i < client.excused.size() && i < 3; ++i) {
+      const ExcusedOverlap& e = client.excused[i];
+      absl::StrAppendFormat(
+          &out,
+          "  excused: shard %u, frozen %s token %llu and %s token %llu for "
+          "%.1fms at %s\n",
+          e.frozen.shard, e.frozen.node,
+          static_cast<unsigned long long>(e.frozen.token), e.other.node,
+          static_cast<unsigned long long>(e.other.token),
+          static_cast<double>(e.to - e.from) / kMs, Rel(e.from));
+    }
+  }
   absl::StrAppendFormat(
       &out,
       "graceful takeover (clean SIGTERMs, per shard): p50 %.1fms p99 %.1fms "
@@ -1340,6 +1400,9 @@ void ChaosHarness::Analyze() {
         "  \"double_ownership_validity_cut\": %s,\n"
         "  \"double_ownership_calls\": %s,\n"
         "  \"token_violations\": %d,\n  \"token_violations_all\": %d,\n"
+        "  \"client_calls\": {\"checked\": %lld, \"violations\": %d, "
+        "\"excused\": %d, \"started_inside_grant\": %lld},\n"
+        "  \"refused_handoffs\": %d,\n"
         "  \"fence_lateness_max_ms\": %.1f,\n  \"late_fences\": %d,\n"
         "  \"fence_lateness_sigstop_max_ms\": %.1f,\n"
         "  \"validity_gaps\": %d,\n  \"validity_gap_max_ms\": %.1f,\n"
@@ -1355,6 +1418,10 @@ void ChaosHarness::Analyze() {
         static_cast<int>(grants.size()), static_cast<int>(effective),
         json_valid, json_calls, static_cast<int>(tokens.size()),
         static_cast<int>(tokens_all.size()),
+        static_cast<long long>(client.calls),
+        static_cast<int>(client.violations.size()),
+        static_cast<int>(client.excused.size()),
+        static_cast<long long>(client.started_inside_grant), refusals,
         static_cast<double>(fence_max) / kMs, fences,
         static_cast<double>(fence_max_stopped) / kMs, gaps,
         static_cast<double>(gap_max) / kMs,
@@ -1376,6 +1443,11 @@ void ChaosHarness::Analyze() {
       << by_calls.shard_ns / kMs << " shard-ms (see the incidents above)";
   EXPECT_TRUE(tokens.empty())
       << "(c) " << tokens.size() << " token order violations";
+  EXPECT_GT(client.calls, 0) << "(f) no client call was logged";
+  EXPECT_TRUE(client.violations.empty())
+      << "(f) " << client.violations.size()
+      << " client calls outside their node's ownership or overlapping "
+         "another node's (see the summary above)";
   for (size_t i = 0; i < faults_.size(); ++i) {
     if (fault_kinds_[i] == Kind::kPodKill) {
       EXPECT_EQ(per[i].untaken, 0)
@@ -1400,6 +1472,12 @@ void ChaosHarness::Analyze() {
                                   std::to_string(by_validity.shard_ns / kMs));
   ::testing::Test::RecordProperty("double_owned_shard_ms_calls",
                                   std::to_string(by_calls.shard_ns / kMs));
+  ::testing::Test::RecordProperty("client_calls_checked",
+                                  std::to_string(client.calls));
+  ::testing::Test::RecordProperty("client_call_violations",
+                                  std::to_string(client.violations.size()));
+  ::testing::Test::RecordProperty("client_calls_excused",
+                                  std::to_string(client.excused.size()));
 }
 
 TEST(ChaosTest, AtMostOneOwnerPerShardUnderFaults) {
