@@ -158,6 +158,9 @@ absl::Status Controller::StartRun(internal::ControllerRun& run) {
 
 void Controller::StopRun(internal::ControllerRun& run) {
   for (size_t i = run.pieces.size(); i-- > 0;) run.pieces[i]->Stop();
+  // Manual mode: what the pieces posted while stopping (a syncer's final
+  // account) runs here, as the runner's thread would run it.
+  if (run.options.manual) run.runner.RunUntilIdle();
   run.runner.Stop();
   // Destroyed in reverse too, after the runner: events they posted find
   // them gone.
