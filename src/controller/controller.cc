@@ -217,12 +217,14 @@ absl::Status Controller::UpdateShardRange(const Context& ctx,
   //    cancelled), calls for keys outside the range are cancelled and no
   //    new one starts, whatever the runner is busy with.
   for (auto& piece : run.pieces) piece->Fence(*a);
-  // 2. One runner event re-scopes every piece (its own budget: a slow plan
-  //    must not leave the stores unscoped).
+  // 2. One runner event re-scopes every piece, on a budget of its own: not
+  //    cut short by a slow plan, nor by a lease that already ended (a
+  //    fence after the pod lost Redis must still empty the stores).
   run.SetCurrent(a);
   const Context values = Context().WithValue(a);
   keep(run.runner.PostAndWait(
-      ctx.WithTimeout(options_.handoff_timeout),
+      Context(ctx.stop_token(), ctx.clock())
+          .WithTimeout(options_.handoff_timeout),
       [&] {
         for (auto& piece : run.pieces) piece->Rescope(*a, values);
         for (auto& hook : run.on_assignment) hook(*a);

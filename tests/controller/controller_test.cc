@@ -332,6 +332,32 @@ TEST(ControllerTest, CallsAndPlanStepsReadTheAssignmentTheyRunUnder) {
   EXPECT_EQ(seen_by_plan.back().token, 42u);
 }
 
+// A fence that comes after the lease already ended (the manager passes the
+// lease's end as the deadline) still empties the node when nothing runs.
+TEST(ControllerTest, HandoffPastTheLeaseEndStillEmptiesTheNode) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(20, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  ControllerHarness h(
+      SyncBuild(&api, &catalog, &client),
+      {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
+  ASSERT_THAT(h.Start(), IsOk());
+  api.SetTruth("p/k/0", {0, kRing});
+  ASSERT_THAT(h.Assign({0, kRing}, 1), IsOk());
+  h.Advance(absl::Seconds(2));
+  ASSERT_EQ(api.world(), catalog.Get());
+  const Context expired =
+      Context::Background(&clock).WithDeadline(absl::InfinitePast());
+  EXPECT_THAT(h.controller().UpdateShardRange(expired, {{}, 1}), IsOk());
+  api.SetTruth("p/k/0", {});
+  for (auto& [k, v] : Keys(20, 2)) catalog.Set(k, v);
+  const int64_t entered = api.entered();
+  h.Advance(absl::Seconds(5));
+  EXPECT_EQ(api.entered(), entered);
+}
+
 TEST(ControllerTest, RunThatFailsOnceComesBackWithFreshPiecesAndConverges) {
   SimulatedClock clock;
   RecordingApi api;
