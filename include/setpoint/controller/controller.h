@@ -63,6 +63,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -171,6 +172,8 @@ struct ControllerRun {
   std::vector<std::unique_ptr<ControllerPiece>> pieces;  // Declared order.
   std::vector<std::function<void(const Assignment&)>> on_assignment;
   std::vector<std::shared_ptr<void>> owned;
+  // Stores re-scoped to the range in the same event as the syncers.
+  absl::flat_hash_set<const void*> scoped_stores;
 
  private:
   mutable Mutex mu_;
@@ -180,6 +183,8 @@ struct ControllerRun {
 template <class K>
 KeyFilter<K> FilterFor(const Assignment& a) {
   if (a.range.Empty()) return [](const K&) { return false; };
+  // The whole ring (one node of the kind, a leader): no key to refuse.
+  if (a.range.begin == 0 && a.range.end >= a.ring_size) return nullptr;
   return [range = a.range, ring = a.ring_size](const K& key) {
     return range.Contains(ShardOfKey(key, ring));
   };
@@ -401,6 +406,7 @@ class ControllerBuilder {
         TransformerOptions{});
     (piece->transformer()->Watch(inputs), ...);
     Store<K, D>* store = piece->store();
+    run_->scoped_stores.insert(store);
     run_->pieces.push_back(std::move(piece));
     return store;
   }
@@ -412,6 +418,9 @@ class ControllerBuilder {
   Syncer<K, D, O>* Sync(std::string name, SyncerClient<K, D, O>* client,
                         Store<K, O>* observed, Store<K, D>* desired,
                         SyncerOptions<D, O> options = {}) {
+    // Keys from stores scoped with the syncer need no second check.
+    options.trust_store_filters = run_->scoped_stores.contains(observed) &&
+                                  run_->scoped_stores.contains(desired);
     auto piece = std::make_unique<internal::SyncPiece<K, D, O>>(
         run_, std::move(name), client, std::move(options));
     Syncer<K, D, O>* syncer = piece->syncer();
@@ -459,6 +468,7 @@ class ControllerBuilder {
         typename internal::PollPiece<K, V>::ListFn(std::move(list)),
         std::move(options), scoped);
     Store<K, V>* store = piece->store();
+    if (scoped) run_->scoped_stores.insert(store);
     run_->pieces.push_back(std::move(piece));
     return store;
   }

@@ -170,6 +170,12 @@ struct SyncerOptions {
   // Seeds the backoff jitter; 0 picks a random seed.
   // Default: 0.
   uint64_t seed = 0;
+  // The stores given to ObserveFrom and DesireFrom are re-scoped with the
+  // same filter as Reset, in the same runner event (setpoint::Controller
+  // does this): the keys they deliver are not checked again. Calls are
+  // still checked against the filter before they start.
+  // Default: false.
+  bool trust_store_filters = false;
   // No updater threads: calls run when the owner calls RunQueuedCalls(),
   // on its thread (deterministic tests of a whole controller).
   // Default: false.
@@ -369,6 +375,9 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   };
 
   bool Selected(const K& key) const { return !filter_ || filter_(key); }
+  // SetDesired / SetObserved; `check`: drop keys outside the filter.
+  void Desire(K key, D desired, bool check);
+  void Observe(K key, O observed, bool check);
   bool DesiredEqual(const D& a, const D& b) const;
   bool NeedsUpdate(const D& d, const O& o) const;
   bool IsTerminal(const absl::Status& s) const;
@@ -652,7 +661,7 @@ void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
         if (alive.expired()) return;  // The store outlived the syncer.
         switch (c.kind) {
           case ChangeKind::kSet:
-            SetObserved(c.key, *c.new_value);
+            Observe(c.key, *c.new_value, !options_.trust_store_filters);
             break;
           case ChangeKind::kDelete:
             DeleteObserved(c.key);
@@ -682,7 +691,7 @@ void Syncer<K, D, O>::DesireFrom(Store<K, D>* store) {
       [this, alive = std::weak_ptr<int>(alive_)](const Change<K, D>& c) {
         if (alive.expired()) return;
         if (c.kind == ChangeKind::kSet) {
-          SetDesired(c.key, *c.new_value);
+          Desire(c.key, *c.new_value, !options_.trust_store_filters);
         } else {
           // A delete, or the key left the store's filter (Reset forgot it
           // here already): no longer desired.
@@ -748,7 +757,12 @@ void Syncer<K, D, O>::SetSwitch(bool* field, bool on) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetDesired(K key, D desired) {
-  if (!Selected(key)) {
+  Desire(std::move(key), std::move(desired), /*check=*/true);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Desire(K key, D desired, bool check) {
+  if (check && !Selected(key)) {
     counters_.ignored_out_of_range.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -812,7 +826,12 @@ void Syncer<K, D, O>::ReplaceDesired(absl::flat_hash_map<K, D> desired) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetObserved(K key, O observed) {
-  if (!Selected(key)) {
+  Observe(std::move(key), std::move(observed), /*check=*/true);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Observe(K key, O observed, bool check) {
+  if (check && !Selected(key)) {
     counters_.ignored_out_of_range.fetch_add(1, std::memory_order_relaxed);
     return;
   }
