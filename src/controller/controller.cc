@@ -176,19 +176,7 @@ absl::Status Controller::Run(const Context& ctx) {
   }
   {
     MutexLock l(&update_mu_);
-    absl::StatusOr<std::unique_ptr<internal::ControllerRun>> run = Build();
-    absl::Status s = run.status();
-    if (s.ok()) s = StartRun(**run);
-    {
-      MutexLock m(&mu_);
-      ++stats_.runs;
-      if (!s.ok()) ++stats_.build_failures;
-    }
-    if (!s.ok()) {
-      if (run.ok()) StopRun(**run);
-      return s;
-    }
-    run_ = std::move(*run);
+    SETPOINT_RETURN_IF_ERROR(BuildAndStart());
   }
   (void)ctx.Wait(absl::InfiniteDuration());
   MutexLock l(&update_mu_);
@@ -259,6 +247,10 @@ absl::Status Controller::Start() {
     return absl::FailedPreconditionError(
         absl::StrCat("controller ", info_.id, ": already started"));
   }
+  return BuildAndStart();
+}
+
+absl::Status Controller::BuildAndStart() {
   absl::StatusOr<std::unique_ptr<internal::ControllerRun>> run = Build();
   absl::Status s = run.status();
   if (s.ok()) s = StartRun(**run);

@@ -517,6 +517,8 @@ class Controller : public Node {
 
  private:
   absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Build();
+  // Builds and starts a run into run_, counting it.
+  absl::Status BuildAndStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
   // Starts the pieces of `run` under the assignment in force.
   absl::Status StartRun(internal::ControllerRun& run);
   static void StopRun(internal::ControllerRun& run);
