@@ -438,7 +438,9 @@ class ControllerBuilder {
                            ReconcileLoopOptions options = {});
 
   // Runs `hook` on the runner after each re-scope, for pieces wired by
-  // hand (a Transformer, a PushSource's re-list).
+  // hand (a Transformer, a PushSource's re-list). The handoff does not
+  // cancel or wait for the calls of a Syncer wired by hand: declare
+  // syncers with Sync.
   void OnAssignment(std::function<void(const Assignment&)> hook) {
     run_->on_assignment.push_back(std::move(hook));
   }
