@@ -293,6 +293,9 @@ class NodeManagerTest : public ::testing::Test {
   SimulatedClock clock_;
   Gate gate_;
   std::atomic<int> reports_{0};  // on_lease_renewed calls.
+  // Shrinks a RefusingNode still refuses; outlives the pods (TearDown
+  // stops them, and their graceful stop is a shrink too).
+  std::atomic<int> refusals_{0};
   InMemoryNodeRegistry registry_{{.clock = &clock_}};
   FaultyNodeRegistry faulty_{&registry_};
   OwnershipTracker tracker_;
@@ -356,10 +359,11 @@ TEST_F(NodeManagerTest, UnreachableRegistryFencesBeforeOthersTakeOver) {
 }
 
 TEST_F(NodeManagerTest, NodeThatRefusesItsShrinkKeepsItsShardsUntilItAccepts) {
-  std::atomic<int> refusals{3};
+  std::atomic<int>& refusals = refusals_;
+  refusals = 3;
   NodeManagerOptions options = Options("a", &registry_);
-  options.kinds[0].factory = [&](const NodeInfo& info) {
-    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals);
+  options.kinds[0].factory = [this](const NodeInfo& info) {
+    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals_);
   };
   NodeManager& a = StartPodWith(std::move(options));
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
@@ -377,10 +381,11 @@ TEST_F(NodeManagerTest, NodeThatRefusesItsShrinkKeepsItsShardsUntilItAccepts) {
 // re-scoped part way (as a controller does) must not be left there.
 TEST_F(NodeManagerTest,
        RefusedChangeIsAskedForUntilConfirmedEvenIfTheTargetMovesBack) {
-  std::atomic<int> refusals{1000};  // Refuse every shrink for now.
+  std::atomic<int>& refusals = refusals_;
+  refusals = 1000;  // Refuse every shrink for now.
   NodeManagerOptions options = Options("a", &registry_, /*count=*/1);
-  options.kinds[0].factory = [&](const NodeInfo& info) {
-    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals);
+  options.kinds[0].factory = [this](const NodeInfo& info) {
+    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals_);
   };
   NodeManager& a = StartPodWith(std::move(options));
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 1); }));
