@@ -4,40 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "setpoint/base/json.h"
 
 namespace setpoint {
 namespace {
-
-// Appends `s` as a JSON string literal.
-void AppendJsonString(std::string* out, std::string_view s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", c);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out->push_back('"');
-}
 
 // Appends `s` as a DOT double-quoted string.
 void AppendDotString(std::string* out, std::string_view s) {
