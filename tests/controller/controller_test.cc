@@ -234,6 +234,44 @@ ControllerBuildFn SyncBuild(RecordingApi* api, Catalog* catalog,
   };
 }
 
+// A client whose creates and updates are `write` (deletes succeed): for
+// tests that look at the calls, not at a world.
+class WriteClient : public SyncerClient<std::string, int, int> {
+ public:
+  explicit WriteClient(std::function<absl::Status(const Context&)> write)
+      : write_(std::move(write)) {}
+  absl::Status Create(const Context& ctx, const std::string&,
+                      const int&) override {
+    return write_(ctx);
+  }
+  absl::Status Update(const Context& ctx, const std::string&, const int&,
+                      const int&) override {
+    return write_(ctx);
+  }
+  absl::Status Delete(const Context&, const std::string&, const int&) override {
+    return absl::OkStatus();
+  }
+
+ private:
+  std::function<absl::Status(const Context&)> write_;
+};
+
+// Syncs the catalog to a world that never shows anything: every key is a
+// create. `syncer`, if given, receives the syncer of each build.
+ControllerBuildFn WantOnlyBuild(
+    Catalog* catalog, SyncerClient<std::string, int, int>* client,
+    Syncer<std::string, int, int>** syncer = nullptr) {
+  return [=](ControllerBuilder& b) {
+    auto* seen = b.Poll<std::string, int>(
+        "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
+    auto* want = b.Poll<std::string, int>(
+        "want", [catalog](const Context&) { return catalog->Get(); });
+    auto* made = b.Sync<std::string, int, int>("sync", client, seen, want);
+    if (syncer != nullptr) *syncer = made;
+    return absl::OkStatus();
+  };
+}
+
 NodeInfo Node(const std::string& id, uint32_t ring = kRing) {
   return NodeInfo{.id = id, .kind = "k", .index = 0, .ring_size = ring};
 }
@@ -281,34 +319,19 @@ TEST(ControllerTest, NodeNeverGrantedAnythingMakesNoCallsAndNoPlanSteps) {
 
 TEST(ControllerTest, CallsAndPlanStepsReadTheAssignmentTheyRunUnder) {
   SimulatedClock clock;
-  RecordingApi api;
   Catalog catalog;
   catalog.Set("key-1", 1);
   std::vector<Assignment> seen_by_plan;
   Mutex mu;
-  struct Client : SyncerClient<std::string, int, int> {
-    std::vector<Assignment> seen;
-    absl::Status Create(const Context& ctx, const std::string&,
-                        const int&) override {
-      if (const Assignment* a = AssignmentOf(ctx)) seen.push_back(*a);
-      return absl::OkStatus();
-    }
-    absl::Status Update(const Context& ctx, const std::string& k, const int& d,
-                        const int&) override {
-      return Create(ctx, k, d);
-    }
-    absl::Status Delete(const Context&, const std::string&,
-                        const int&) override {
-      return absl::OkStatus();
-    }
-  } client;
+  std::vector<Assignment> seen_by_calls;  // The test's thread only.
+  WriteClient client([&](const Context& ctx) {
+    if (const Assignment* a = AssignmentOf(ctx)) seen_by_calls.push_back(*a);
+    return absl::OkStatus();
+  });
+  ControllerBuildFn sync = WantOnlyBuild(&catalog, &client);
   ControllerHarness h(
       [&](ControllerBuilder& b) {
-        auto* seen = b.Poll<std::string, int>(
-            "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
-        auto* want = b.Poll<std::string, int>(
-            "want", [&](const Context&) { return catalog.Get(); });
-        b.Sync<std::string, int, int>("sync", &client, seen, want);
+        SETPOINT_RETURN_IF_ERROR(sync(b));
         b.Reconcile(MakePlan(
             "look", [&](const Context& ctx) -> absl::StatusOr<Procedures> {
               MutexLock l(&mu);
@@ -323,10 +346,10 @@ TEST(ControllerTest, CallsAndPlanStepsReadTheAssignmentTheyRunUnder) {
   ASSERT_THAT(h.Start(), IsOk());
   ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 42), IsOk());
   h.Advance(absl::Seconds(1));
-  ASSERT_FALSE(client.seen.empty());
-  EXPECT_EQ(client.seen[0].token, 42u);
-  EXPECT_EQ(client.seen[0].node_id, "p/k/3");
-  EXPECT_EQ(client.seen[0].range, (ShardRange{0, kRing}));
+  ASSERT_FALSE(seen_by_calls.empty());
+  EXPECT_EQ(seen_by_calls[0].token, 42u);
+  EXPECT_EQ(seen_by_calls[0].node_id, "p/k/3");
+  EXPECT_EQ(seen_by_calls[0].range, (ShardRange{0, kRing}));
   MutexLock l(&mu);
   ASSERT_FALSE(seen_by_plan.empty());
   EXPECT_EQ(seen_by_plan.back().token, 42u);
@@ -390,45 +413,26 @@ TEST(ControllerTest, RunThatFailsOnceComesBackWithFreshPiecesAndConverges) {
 
 TEST(ControllerTest, StaleRefusalIsCountedAndNotRetriedUnderTheSameAssignment) {
   SimulatedClock clock;
-  RecordingApi api;
   Catalog catalog;
   catalog.Set("key-1", 1);
-  struct Client : SyncerClient<std::string, int, int> {
-    std::atomic<int> calls{0};
-    absl::Status Create(const Context& ctx, const std::string&,
-                        const int&) override {
-      ++calls;
-      return AssignmentOf(ctx)->token < 5 ? StaleOwnerError("token < 5")
-                                          : absl::OkStatus();
-    }
-    absl::Status Update(const Context& ctx, const std::string& k, const int& d,
-                        const int&) override {
-      return Create(ctx, k, d);
-    }
-    absl::Status Delete(const Context&, const std::string&,
-                        const int&) override {
-      return absl::OkStatus();
-    }
-  } client;
+  int calls = 0;  // The test's thread only.
+  WriteClient client([&](const Context& ctx) {
+    ++calls;
+    return AssignmentOf(ctx)->token < 5 ? StaleOwnerError("token < 5")
+                                        : absl::OkStatus();
+  });
   Syncer<std::string, int, int>* syncer = nullptr;
   ControllerHarness h(
-      [&](ControllerBuilder& b) {
-        auto* seen = b.Poll<std::string, int>(
-            "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
-        auto* want = b.Poll<std::string, int>(
-            "want", [&](const Context&) { return catalog.Get(); });
-        syncer = b.Sync<std::string, int, int>("sync", &client, seen, want);
-        return absl::OkStatus();
-      },
+      WantOnlyBuild(&catalog, &client, &syncer),
       {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
   ASSERT_THAT(h.Start(), IsOk());
   ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 3), IsOk());
   h.Advance(absl::Minutes(10));  // Far past any backoff.
-  EXPECT_EQ(client.calls.load(), 1);
+  EXPECT_EQ(calls, 1);
   EXPECT_EQ(syncer->counters().stale_refusals, 1);
   ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 5), IsOk());  // A new grant.
   h.Advance(absl::Seconds(1));
-  EXPECT_EQ(client.calls.load(), 2);
+  EXPECT_EQ(calls, 2);
   EXPECT_EQ(syncer->counters().creates, 1);
 }
 
