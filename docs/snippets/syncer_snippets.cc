@@ -22,7 +22,6 @@
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/fake_client.h"
 #include "setpoint/testing/null_logger.h"
-#include "setpoint/testing/run_on_runner.h"
 #include "spdlog/logger.h"
 
 namespace syncer_snippets {
@@ -117,7 +116,6 @@ bool done = status.ok() && status->in_sync &&
 using setpoint::testing::AwaitCondition;
 using setpoint::testing::FakeClient;
 using setpoint::testing::NullLogger;
-using setpoint::testing::RunOnRunner;
 
 TEST(ContainerSyncerTest, RetriesAndConverges) {
   setpoint::Runner runner({.logger = NullLogger()});
@@ -144,12 +142,13 @@ TEST(ContainerSyncerTest, RetriesAndConverges) {
   ASSERT_TRUE(runner.Start().ok());
 
   fake.FailNextFor("web-0", 2);  // two kUnavailable, then success
-  ASSERT_TRUE(RunOnRunner(runner, [&] {
+  ASSERT_TRUE(runner.PostAndWait(setpoint::Context(), [&] {
     syncer.SetDesired("web-0", {.image = "nginx:1.25"});
-  }));
+  }).ok());
   ASSERT_TRUE(AwaitCondition([&] {
-    auto s = RunOnRunner(runner, [&] { return syncer.StatusSnapshot(); });
-    return s.has_value() && s->keys == 1 && s->converged == 1;
+    auto s = runner.PostAndWait(setpoint::Context(),
+                                [&] { return syncer.StatusSnapshot(); });
+    return s.ok() && s->keys == 1 && s->converged == 1;
   }));
   EXPECT_EQ(fake.CallsFor("web-0", setpoint::SyncOp::kCreate), 3);
   EXPECT_EQ(fake.stats().max_concurrent_per_key, 1);

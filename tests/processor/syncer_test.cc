@@ -27,7 +27,6 @@
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/fake_client.h"
 #include "setpoint/testing/null_logger.h"
-#include "setpoint/testing/run_on_runner.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
 #include "spdlog/logger.h"
@@ -41,7 +40,6 @@ using ::setpoint::testing::FakeClient;
 using ::setpoint::testing::FakeObservation;
 using ::setpoint::testing::IsOk;
 using ::setpoint::testing::NullLogger;
-using ::setpoint::testing::RunOnRunner;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -254,7 +252,7 @@ class SyncerTest : public ::testing::Test {
   }
 
   SyncerStatus<std::string> Status() {
-    auto s = RunOnRunner(*runner_, [&] {
+    auto s = runner_->PostAndWait(Context(), [&] {
       SyncerStatus<std::string> snapshot = syncer_->StatusSnapshot();
       // The errors share their bodies with the syncer's copies; give the
       // test thread its own (see FakeClient::Clone on why TSan cares).
@@ -264,12 +262,12 @@ class SyncerTest : public ::testing::Test {
       }
       return snapshot;
     });
-    EXPECT_TRUE(s.has_value());
-    return s.value_or(SyncerStatus<std::string>{});
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : SyncerStatus<std::string>{};
   }
   template <class Fn>
   void OnRunner(Fn fn) {
-    ASSERT_TRUE(RunOnRunner(*runner_, std::move(fn)));
+    ASSERT_THAT(runner_->PostAndWait(Context(), std::move(fn)), IsOk());
   }
   // Sets a desired value and returns once the syncer worked the key out
   // (its pump runs in the next runner event).
