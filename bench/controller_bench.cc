@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "ingest_batches.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/controller/controller.h"
@@ -613,43 +614,19 @@ void Ingest(benchmark::State& state, Args... args) {
       state.SkipWithError("the stores did not come into sync");
       break;
     }
-    // Written on the runner only; read here after the last batch published
-    // them (release/acquire on `batches_done`).
-    Clock::duration ingest{};
-    Clock::time_point first{}, last{};
-    std::vector<Clock::duration> batches;
-    batches.reserve(kUpdates / kBatch);
-    std::atomic<int64_t> batches_done{0};
-    std::function<void(int64_t)> post_batch = [&](int64_t b) {
-      (void)runner.Post(
-          [&, b] {
-            Clock::time_point t0 = Clock::now();
-            if (b == 0) first = t0;
-            for (int64_t j = b * kBatch; j < (b + 1) * kBatch; ++j) {
+    bench::IngestTiming timing;
+    if (!bench::RunIngestBatches(
+            runner, kUpdates, kBatch,
+            [&](int64_t j) {
               desired.Set(keys[j % kKeys], static_cast<int>(j / kKeys) + 1);
-            }
-            Clock::time_point t1 = Clock::now();
-            ingest += t1 - t0;
-            last = t1;
-            batches.push_back(t1 - t0);
-            if (b + 1 < kUpdates / kBatch) post_batch(b + 1);
-            batches_done.fetch_add(1, std::memory_order_release);
-          },
-          "bench ingest");
-    };
-    post_batch(0);
-    if (!testing::AwaitCondition(
-            [&] {
-              return batches_done.load(std::memory_order_acquire) ==
-                     kUpdates / kBatch;
             },
-            absl::Seconds(30))) {
+            &timing)) {
       state.SkipWithError("ingest did not finish");
       break;
     }
-    state.SetIterationTime(Seconds(ingest));
-    span_total += Seconds(last - first);
-    for (Clock::duration d : batches) batch_us.push_back(Micros(d));
+    state.SetIterationTime(Seconds(timing.ingest));
+    span_total += Seconds(timing.last - timing.first);
+    for (Clock::duration d : timing.batches) batch_us.push_back(Micros(d));
     if (!AwaitConverged(runner, syncer, absl::Seconds(60))) {
       state.SkipWithError("the world did not converge");
       break;
