@@ -12,10 +12,45 @@ namespace setpoint {
 namespace internal {
 
 ControllerRun::ControllerRun(const NodeInfo& node,
-                             const ControllerOptions& opts)
+                             const ControllerOptions& opts,
+                             ControllerBoard* status_board)
     : info(node),
       options(opts),
-      runner({.name = node.id, .clock = opts.clock, .logger = opts.logger}) {}
+      labels({{"kind", node.kind}, {"node", node.id}}),
+      board(status_board),
+      runner({.name = node.id,
+              .clock = opts.clock,
+              .metrics = opts.metrics,
+              .metric_labels = labels,
+              .logger = opts.logger}) {}
+
+void ControllerRun::Beat() {
+  std::string json;
+  std::vector<std::string> not_ready;
+  for (auto& piece : pieces) piece->Publish(&json, &not_ready);
+  {
+    MutexLock l(&board->mu);
+    board->beat = options.clock->Now();
+    board->not_ready = std::move(not_ready);
+    board->pieces_json = absl::StrCat("[", json, "]");
+  }
+  if (options.manual || options.status_interval <= absl::ZeroDuration()) return;
+  MutexLock l(&mu_);
+  if (beats_stopped_) return;
+  absl::StatusOr<TimerHandle> next = runner.PostAfter(
+      options.status_interval, [this] { Beat(); }, "controller status");
+  if (next.ok()) beat_ = *std::move(next);
+}
+
+void ControllerRun::StopBeats() {
+  TimerHandle beat;
+  {
+    MutexLock l(&mu_);
+    beats_stopped_ = true;
+    beat = std::move(beat_);
+  }
+  beat.Cancel();
+}
 
 std::shared_ptr<const Assignment> ControllerRun::Current() const {
   MutexLock l(&mu_);
@@ -33,9 +68,30 @@ PlanPiece::PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
       plan_(std::move(plan)),
       loop_(*plan_, Adjust(run, std::move(options))) {}
 
+void PlanPiece::Publish(std::string* json, std::vector<std::string>*) {
+  if (!json->empty()) json->push_back(',');
+  json->append("{\"plan\":");
+  std::string name;
+  try {
+    name = plan_->Name();
+  } catch (...) {
+    name = "(plan name threw)";
+  }
+  AppendJsonString(json, name);
+  const ReconcileLoopStats st = loop_.stats();
+  absl::StrAppend(
+      json, ",\"executions\":", st.executions, ",\"failures\":", st.failures,
+      ",\"stale_refusals\":", st.stale_refusals, ",\"last_report\":");
+  std::optional<ExecutionReport> last = loop_.last_report();
+  json->append(last.has_value() ? last->ToJson() : "null");
+  json->push_back('}');
+}
+
 ReconcileLoopOptions PlanPiece::Adjust(ControllerRun* run,
                                        ReconcileLoopOptions o) {
   o.clock = run->options.clock;
+  if (o.metrics == nullptr) o.metrics = run->options.metrics;
+  o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
   if (o.logger == nullptr) o.logger = run->options.logger;
   // Paused until the node owns shards; every execution runs under the
   // assignment in force when it starts (it is paused around changes).
@@ -66,11 +122,14 @@ ReconcileLoop* ControllerBuilder::Reconcile(std::unique_ptr<Plan> plan,
 
 namespace {
 
-ControllerOptions Defaults(ControllerOptions o) {
+ControllerOptions Defaults(const NodeInfo& info, ControllerOptions o) {
   if (o.clock == nullptr) o.clock = Clock::Real();
+  if (o.metrics == nullptr) o.metrics = info.metrics;
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
   if (o.logger == nullptr)
     o.logger = std::make_shared<spdlog::logger>("setpoint");
+  // Every line names the node: the logger is the node's clone.
+  o.logger = o.logger->clone(info.id);
   return o;
 }
 
@@ -80,7 +139,7 @@ Controller::Controller(NodeInfo info, ControllerBuildFn build,
                        ControllerOptions options)
     : info_(std::move(info)),
       build_(std::move(build)),
-      options_(Defaults(std::move(options))),
+      options_(Defaults(info_, std::move(options))),
       assignment_(MakeAssignment(ShardAssignment{})) {}
 
 Controller::~Controller() { Stop(); }
@@ -107,7 +166,8 @@ ControllerStats Controller::stats() const {
 }
 
 absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
-  auto run = std::make_unique<internal::ControllerRun>(info_, options_);
+  auto run =
+      std::make_unique<internal::ControllerRun>(info_, options_, &board_);
   ControllerBuilder builder(run.get());
   absl::Status built;
   if (!build_) {
@@ -153,10 +213,56 @@ absl::Status Controller::StartRun(internal::ControllerRun& run) {
     return Annotate(s, absl::StrCat("start controller ", info_.id));
   }
   for (auto& piece : run.pieces) piece->Resume(*a);
+  {
+    MutexLock l(&board_.mu);
+    board_.running = true;
+    board_.beat = options_.clock->Now();
+  }
+  if (options_.manual) {
+    run.Beat();
+  } else {
+    internal::ControllerRun* r = &run;
+    (void)run.runner.Post([r] { r->Beat(); }, "controller status");
+  }
   return absl::OkStatus();
 }
 
+void Controller::Report(absl::Duration stuck_after, NodeReport& report) const {
+  const Assignment a = assignment();
+  const ControllerStats st = stats();
+  MutexLock l(&board_.mu);
+  if (!board_.running) {
+    report.not_ready.push_back(
+        "not running (starting, or restarting after "
+        "a failed build)");
+  } else {
+    report.not_ready = board_.not_ready;
+    const absl::Duration age = options_.clock->Now() - board_.beat;
+    if (!options_.manual &&
+        age > stuck_after +
+                  std::max(options_.status_interval, absl::ZeroDuration())) {
+      report.stuck.push_back(absl::StrCat(
+          "runner has not run its status event for ", absl::FormatDuration(age),
+          " (an event that does not return?)"));
+    }
+  }
+  std::string& j = report.status_json;
+  absl::StrAppend(&j, "{\"assignment\":{\"range\":[", a.range.begin, ",",
+                  a.range.end, "],\"token\":", a.token,
+                  "},\"running\":", board_.running ? "true" : "false",
+                  ",\"runs\":", st.runs,
+                  ",\"build_failures\":", st.build_failures,
+                  ",\"handoffs\":", st.handoffs,
+                  ",\"handoff_failures\":", st.handoff_failures,
+                  ",\"pieces\":", board_.pieces_json, "}");
+}
+
 void Controller::StopRun(internal::ControllerRun& run) {
+  {
+    MutexLock l(&run.board->mu);
+    run.board->running = false;
+  }
+  run.StopBeats();
   for (size_t i = run.pieces.size(); i-- > 0;) run.pieces[i]->Stop();
   // Manual mode: what the pieces posted while stopping (a syncer's final
   // account) runs here, as the runner's thread would run it.
@@ -275,7 +381,10 @@ int64_t Controller::RunUntilQuiet() {
   while (true) {
     int64_t ran = run_->runner.RunUntilIdle();
     for (auto& piece : run_->pieces) ran += piece->RunDue(ctx);
-    if (ran == 0) return total;
+    if (ran == 0) {
+      run_->Beat();  // Manual mode: the status is published when quiet.
+      return total;
+    }
     total += ran;
   }
 }

@@ -75,6 +75,47 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& o) {
   return ValidateSchedulerOptions(o.scheduler);
 }
 
+void ReconcileLoop::CountReport(const ExecutionReport& report, bool interrupted,
+                                bool stale) {
+  MetricsRegistry* m = options_.metrics;
+  if (m == nullptr) return;
+  const MetricLabels base =
+      WithLabels(options_.metric_labels, {{"plan", plan_name_}});
+  const char* result = interrupted          ? "interrupted"
+                       : stale              ? "stale"
+                       : report.status.ok() ? "converged"
+                                            : "failed";
+  m->GetCounter("setpoint_plan_executions_total",
+                "Plan executions, by result (converged, failed, stale, "
+                "interrupted by a pause or stop).",
+                WithLabels(base, {{"result", result}}))
+      .Increment();
+  m->GetHistogram("setpoint_plan_execution_duration_seconds",
+                  "How long plan executions took.", base,
+                  Histogram::DurationBuckets())
+      .ObserveDuration(report.duration);
+  const std::pair<const char*, int64_t> steps[] = {
+      {"succeeded", report.steps_run - report.steps_failed},
+      {"failed", report.steps_failed},
+      {"not_run", report.steps_not_run}};
+  for (const auto& [what, n] : steps) {
+    if (n <= 0) continue;
+    m->GetCounter("setpoint_plan_steps_total",
+                  "Plan steps, by result (succeeded, failed, not run).",
+                  WithLabels(base, {{"result", what}}))
+        .Increment(static_cast<double>(n));
+  }
+  if (report.retries > 0) {
+    m->GetCounter("setpoint_plan_retries_total", "Step attempts retried.", base)
+        .Increment(static_cast<double>(report.retries));
+  }
+  if (report.rounds > 0) {
+    m->GetCounter("setpoint_plan_rounds_total",
+                  "Create calls that returned work (rounds run).", base)
+        .Increment(report.rounds);
+  }
+}
+
 ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
     : plan_(plan),
       options_(Clamp(std::move(options))),
@@ -306,6 +347,7 @@ bool ReconcileLoop::RunClaimed(const Context& ctx) {
     }
     last_report_ = report;
   }
+  CountReport(report, interrupted, stale);
   if (stale) {
     SPDLOG_LOGGER_WARN(logger_,
                        "reconcile paused until resumed, write refused as "

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "setpoint/base/status.h"
+#include "setpoint/pod/ops_server.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/exceptions.h"
@@ -54,6 +55,8 @@ constexpr std::array<absl::string_view, 10> kRegistryKeys = {"type",
                                                              "namespace",
                                                              "connect_timeout",
                                                              "command_timeout"};
+constexpr std::array<absl::string_view, 2> kHttpKeys = {"address",
+                                                        "stuck_after"};
 constexpr std::array<absl::string_view, 3> kPasswordKeys = {
     "registry.password", "registry.password_env", "registry.password_file"};
 
@@ -349,6 +352,17 @@ absl::Status Flatten(const Yaml& root, Flat* flat,
         }
         SETPOINT_RETURN_IF_ERROR(Leaf(field, k, value.items[j + 1], flat));
       }
+    } else if (key.scalar == "http") {
+      SETPOINT_RETURN_IF_ERROR(Section("http", key, value, Yaml::Type::kMap));
+      SETPOINT_RETURN_IF_ERROR(CheckKeys(value, "http"));
+      for (size_t j = 0; j + 1 < value.items.size(); j += 2) {
+        const Yaml& k = value.items[j];
+        std::string field = absl::StrCat("http.", Escape(k.scalar));
+        if (!Contains(kHttpKeys, k.scalar)) {
+          return Bad(Where(field, k.line), "is not a known key");
+        }
+        SETPOINT_RETURN_IF_ERROR(Leaf(field, k, value.items[j + 1], flat));
+      }
     } else if (key.scalar == "kinds") {
       SETPOINT_RETURN_IF_ERROR(
           Section("kinds", key, value, Yaml::Type::kSequence));
@@ -532,10 +546,17 @@ absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
     SETPOINT_RETURN_IF_ERROR(CheckKindName(field + " kind", kind_name));
   } else if (!Contains(kTopKeys, key) &&
              !(absl::ConsumePrefix(&rest, "registry.") &&
-               Contains(kRegistryKeys, rest))) {
+               Contains(kRegistryKeys, rest)) &&
+             !(absl::ConsumePrefix(&rest, "http.") &&
+               Contains(kHttpKeys, rest))) {
     return Bad(field, "is not a known key");
   }
   const std::string& v = value.text;
+  // An empty http.address turns the listener off; nothing else may be empty.
+  if (key == "http.address" && v.empty()) {
+    c.http_address.clear();
+    return absl::OkStatus();
+  }
   if (v.empty()) return Bad(field, "must not be empty");
   // Passwords are opaque (and never echoed).
   if (key != "registry.password") {
@@ -585,6 +606,15 @@ absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
   } else if (key == "nudge_burst") {
     SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(field, v, 1, 1000));
     m.nudge_burst = static_cast<int>(n);
+  } else if (key == "http.address") {
+    std::string host;
+    int port = 0;
+    if (absl::Status s = ParseHostPort(v, &host, &port); !s.ok()) {
+      return Bad(field, s.message());
+    }
+    c.http_address = v;
+  } else if (key == "http.stuck_after") {
+    return dur(&c.stuck_after, false);
   } else if (key == "registry.type") {
     if (v != "memory" && v != "redis") {
       return Bad(field, absl::StrCat("must be memory or redis, got \"",
@@ -807,6 +837,12 @@ std::span<const PodConfigKey> PodConfigKeys() {
       {"kinds.<kind>.ring_size", "<n>",
        "shards in the kind's ring, the same in every pod (default: the "
        "program's, else 4096)"},
+      {"http.address", "<host:port>",
+       "serve /metrics, /healthz, /readyz and /statusz here; empty: off; "
+       "port 0 picks a free one (default 127.0.0.1:9464)"},
+      {"http.stuck_after", "<duration>",
+       "/healthz fails when a runner or the protocol thread made no "
+       "progress for this long (default 30s)"},
       {"registry.type", "memory|redis",
        "memory: this process only; redis: pods share a ring (default memory)"},
       {"registry.address", "<address>",

@@ -28,6 +28,7 @@
 #include "absl/strings/strip.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
+#include "setpoint/pod/ops_server.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "spdlog/pattern_formatter.h"
@@ -509,10 +510,37 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
                         strerror(errno));
     return kPodExitFailed;
   }
+  MetricsRegistry own_metrics;
+  MetricsRegistry* metrics =
+      options.metrics != nullptr ? options.metrics : &own_metrics;
   NodeManagerOptions manager_options = args.config.manager;
   manager_options.registry = registry->get();
   manager_options.logger = logger;
+  manager_options.metrics = metrics;
   NodeManager manager(std::move(manager_options));
+  // The listener first: a port in use fails the pod before it takes shards.
+  std::unique_ptr<OpsServer> ops;
+  if (!args.config.http_address.empty()) {
+    const absl::Duration stuck_after = args.config.stuck_after;
+    absl::StatusOr<std::unique_ptr<OpsServer>> server = OpsServer::Start({
+        .address = args.config.http_address,
+        .metrics = metrics,
+        .liveness = [&manager,
+                     stuck_after] { return manager.Liveness(stuck_after); },
+        .readiness = [&manager,
+                      stuck_after] { return manager.Readiness(stuck_after); },
+        .status = [&manager,
+                   stuck_after] { return manager.StatusJson(stuck_after); },
+        .logger = logger,
+    });
+    if (!server.ok()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod not started: http.address: {}",
+                          std::string(server.status().message()));
+      close(signal_fd);
+      return kPodExitFailed;
+    }
+    ops = *std::move(server);
+  }
   if (absl::Status s = manager.Start(); !s.ok()) {
     SPDLOG_LOGGER_ERROR(logger, "pod not started: {}", s);
     close(signal_fd);
@@ -581,6 +609,7 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
                        strerror(errno));
   }
   manager.Stop();
+  if (ops != nullptr) ops->Stop();  // Served /readyz "not ready" meanwhile.
   if (wake_fd >= 0) {
     uint64_t one = 1;
     ssize_t n = write(wake_fd, &one, sizeof(one));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <exception>
 #include <new>
 #include <utility>
@@ -66,6 +67,16 @@ using Event = Runner::Event;
 constexpr uint64_t kLap = 512;
 constexpr uint64_t kSlots = kLap - 1;
 constexpr uint64_t kClosed = uint64_t{1} << 63;
+// With metrics, one event in kSampleEvery is timed from post to run and
+// while it runs; kSamples post times are kept, by position.
+constexpr uint64_t kSampleEvery = 64;
+constexpr uint64_t kSamples = 64;
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 // Segments kept for reuse, per runner.
 constexpr size_t kPooledSegments = 4;
 // How far ahead of the head the idle runner looks first (slots).
@@ -227,7 +238,17 @@ struct TimerHandle::Shared {
   std::atomic<int64_t> events_threw{0};
   std::atomic<int64_t> slow_events{0};
   std::atomic<bool> has_timers{false};  // Hint: timers are pending.
-  std::vector<Fired> fired_cache;       // Capacity kept between batches.
+  // Published at the end of each batch: the head, and when (CoarseNanos).
+  std::atomic<uint64_t> head_published{0};
+  std::atomic<int64_t> progress_ns{0};
+  std::vector<Fired> fired_cache;  // Capacity kept between batches.
+
+  // Post times of one event in kSampleEvery (metrics only), by position.
+  struct Sample {
+    std::atomic<uint64_t> pos{~uint64_t{0}};
+    std::atomic<int64_t> ns{0};
+  };
+  alignas(64) Sample samples[kSamples];
 
   alignas(64) Mutex pool_mu;
   std::vector<Segment*> pool ABSL_GUARDED_BY(pool_mu);
@@ -597,6 +618,45 @@ Runner::Runner(RunnerOptions options)
   Segment* first = new Segment;
   shared_->head_seg = first;
   shared_->tail_seg.store(first, std::memory_order_release);
+  if (options.metrics != nullptr) {
+    const MetricLabels labels =
+        WithLabels(options.metric_labels, {{"runner", name_}});
+    latency_ = &options.metrics->GetHistogram(
+        "setpoint_runner_queue_latency_seconds",
+        "Time from post to run of an event (one in 64 is timed).", labels,
+        Histogram::FastDurationBuckets());
+    duration_ = &options.metrics->GetHistogram(
+        "setpoint_runner_event_duration_seconds",
+        "How long an event ran (one in 64 is timed).", labels,
+        Histogram::FastDurationBuckets());
+    collector_ = options.metrics->AddCollector([this, labels](MetricWriter& w) {
+      const RunnerStats st = stats();
+      w.Counter("setpoint_runner_events_total", "Events and timers run.",
+                labels, static_cast<double>(st.events_run));
+      w.Counter("setpoint_runner_events_threw_total",
+                "Events that threw (caught and logged).", labels,
+                static_cast<double>(st.events_threw));
+      w.Counter("setpoint_runner_slow_events_total",
+                "Events that ran past slow_event_threshold.", labels,
+                static_cast<double>(st.slow_events));
+      TimerHandle::Shared& sh = *shared_;
+      const uint64_t tail = sh.tail.load(std::memory_order_acquire) & ~kClosed;
+      const uint64_t head = sh.head_published.load(std::memory_order_acquire);
+      w.Gauge("setpoint_runner_queue_depth", "Events posted and not run yet.",
+              labels, tail > head ? static_cast<double>(tail - head) : 0.0);
+      int64_t timers;
+      {
+        MutexLock l(&sh.mu);
+        timers = sh.live_timers;
+      }
+      w.Gauge("setpoint_runner_timers_pending", "Timers not fired yet.", labels,
+              static_cast<double>(timers));
+      w.Gauge("setpoint_runner_busy_seconds",
+              "How long the runner has been busy without finishing a "
+              "batch (0 while it waits for work).",
+              labels, absl::ToDoubleSeconds(BusyFor()));
+    });
+  }
 }
 
 Runner::~Runner() {
@@ -717,6 +777,11 @@ absl::Status Runner::Post(Event event, const char* origin) {
     s.PoolSegment(fresh);
   }
   EventSlot& slot = seg->slots[offset];
+  if (ABSL_PREDICT_FALSE(latency_ != nullptr && t % kSampleEvery == 0)) {
+    auto& sample = s.samples[(t / kSampleEvery) % kSamples];
+    sample.ns.store(SteadyNanos(), std::memory_order_relaxed);
+    sample.pos.store(t, std::memory_order_relaxed);  // Published with ready.
+  }
   ::new (static_cast<void*>(slot.storage)) Event(std::move(event));
   slot.origin = origin;
   slot.ready.store(t + 1, std::memory_order_release);
@@ -793,9 +858,37 @@ void Runner::RunEvent(Event& event, const char* origin, Tally& tally) {
   }
 }
 
+void Runner::RunSampled(Event& event, const char* origin, Tally& tally,
+                        uint64_t pos) {
+  TimerHandle::Shared& s = *shared_;
+  auto& sample = s.samples[(pos / kSampleEvery) % kSamples];
+  const int64_t start = SteadyNanos();
+  // A sample overwritten by a producer one lap of kSamples ahead is skipped.
+  if (sample.pos.load(std::memory_order_relaxed) == pos) {
+    latency_->Observe(
+        static_cast<double>(start - sample.ns.load(std::memory_order_relaxed)) *
+        1e-9);
+  }
+  RunEvent(event, origin, tally);
+  duration_->Observe(static_cast<double>(SteadyNanos() - start) * 1e-9);
+}
+
+absl::Duration Runner::BusyFor() const {
+  TimerHandle::Shared& s = *shared_;
+  if (!thread_.joinable() || s.sleeping.load(std::memory_order_acquire)) {
+    return absl::ZeroDuration();
+  }
+  const int64_t since = s.progress_ns.load(std::memory_order_acquire);
+  if (since == 0) return absl::ZeroDuration();
+  const int64_t now = CoarseNanos();
+  return now > since ? absl::Nanoseconds(now - since) : absl::ZeroDuration();
+}
+
 void Runner::Publish(const Tally& tally) {
   // Single writer (the consumer): plain load and store, no RMW.
   TimerHandle::Shared& s = *shared_;
+  s.head_published.store(s.head, std::memory_order_release);
+  s.progress_ns.store(CoarseNanos(), std::memory_order_release);
   auto add = [](std::atomic<int64_t>& counter, int64_t n) {
     if (n != 0) {
       counter.store(counter.load(std::memory_order_relaxed) + n,
@@ -855,8 +948,13 @@ int64_t Runner::RunEvents(int64_t max, uint64_t lag) {
     Event event(std::move(*slot->event()));
     slot->event()->~Event();
     const char* origin = slot->origin;
+    const uint64_t pos = s.head;
     s.AdvanceHead();
-    RunEvent(event, origin, tally);
+    if (ABSL_PREDICT_FALSE(latency_ != nullptr && pos % kSampleEvery == 0)) {
+      RunSampled(event, origin, tally, pos);
+    } else {
+      RunEvent(event, origin, tally);
+    }
   }
   Publish(tally);
   return tally.ran;
@@ -910,6 +1008,7 @@ bool Runner::AwaitWork(uint64_t* lag) {
       return s.wake || s.stopping;
     });
   }
+  s.progress_ns.store(CoarseNanos(), std::memory_order_release);
   s.sleeping.store(false, std::memory_order_relaxed);
   s.waiting = false;
   s.mu.Unlock();

@@ -127,6 +127,7 @@ TEST(PodConfigTest, EveryListedKeyIsOneTheParserKnows) {
     }
     EXPECT_FALSE(key.help.empty()) << path;
     EXPECT_FALSE(key.value.empty()) << path;
+    if (path == "http.address") continue;  // Empty: the listener is off.
     // An empty value is refused only once the key is known.
     EXPECT_THAT(ParsePodConfig(kFull, {"--" + path + "="}).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,

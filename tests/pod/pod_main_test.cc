@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "setpoint/base/context.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/redis_server.h"  // KillAndReap
@@ -556,9 +557,11 @@ class PodProcess {
   std::string err_;
 };
 
-// `extra` after fast polls, so the node gets its range at once.
+// `extra` after fast polls, so the node gets its range at once, and a free
+// port for the listener (tests run side by side).
 std::vector<std::string> Flags(std::vector<std::string> extra) {
-  std::vector<std::string> flags = {"--poll_interval=50ms", "--lease=1s"};
+  std::vector<std::string> flags = {"--poll_interval=50ms", "--lease=1s",
+                                    "--http.address=127.0.0.1:0"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }
@@ -644,6 +647,82 @@ TEST(PodMainProcessTest, AnUnreachableRedisIsNotAFailure) {
   pod.Signal(SIGTERM);
   EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
   EXPECT_THAT(pod.out(), Not(HasSubstr("range node=")));
+}
+
+// The port the pod's listener bound, from its log line, or 0.
+int ListeningPort(const std::string& log) {
+  std::smatch m;
+  static const std::regex kLine(
+      R"(ops server listening address=127\.0\.0\.1:(\d+))");
+  if (!std::regex_search(log, m, kLine)) return 0;
+  int port = 0;
+  return absl::SimpleAtoi(m[1].str(), &port) ? port : 0;
+}
+
+TEST(PodMainProcessTest, ServesProbesMetricsAndStatusOverHttp) {
+  PodProcess pod(Flags({"--pod_id=web"}));
+  ASSERT_TRUE(pod.started());
+  ASSERT_TRUE(pod.AwaitErr("ops server listening address=")) << pod.err();
+  ASSERT_TRUE(pod.AwaitOut("range node=web/work/0 [0,4096)\n")) << pod.err();
+  const int port = ListeningPort(pod.err());
+  ASSERT_GT(port, 0) << pod.err();
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(10, 0);
+  auto healthz = c.Get("/healthz");
+  ASSERT_TRUE(healthz);
+  EXPECT_EQ(healthz->status, 200) << healthz->body;
+  // Ready once a renewal succeeded: poll with a deadline.
+  int ready_status = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto readyz = c.Get("/readyz");
+    if (readyz && (ready_status = readyz->status) == 200) break;
+  }
+  EXPECT_EQ(ready_status, 200);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body,
+              HasSubstr("setpoint_node_shards_owned{pod=\"web\",kind=\"work\","
+                        "node=\"web/work/0\"} 4096"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("setpoint_registry_polls_total{pod=\"web\"}"));
+  EXPECT_THAT(
+      metrics->body,
+      HasSubstr("setpoint_registry_poll_duration_seconds_count{pod=\"web\"}"));
+  auto status = c.Get("/statusz");
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->status, 200);
+  EXPECT_THAT(status->body, HasSubstr("{\"pod\":\"web\""));
+  EXPECT_THAT(status->body,
+              HasSubstr("\"id\":\"web/work/0\",\"kind\":\"work\",\"range\":[0,"
+                        "4096]"));
+  pod.Signal(SIGTERM);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
+}
+
+TEST(PodMainProcessTest, AListenerThatCannotBindIsCode1BeforeAnyShard) {
+  PodProcess first(Flags({"--pod_id=first"}));
+  ASSERT_TRUE(first.started());
+  ASSERT_TRUE(first.AwaitErr("ops server listening address=")) << first.err();
+  const int port = ListeningPort(first.err());
+  ASSERT_GT(port, 0);
+  PodProcess second(Flags(
+      {"--pod_id=second", absl::StrCat("--http.address=127.0.0.1:", port)}));
+  EXPECT_EQ(second.AwaitExit(), kPodExitFailed) << second.err();
+  EXPECT_THAT(second.err(), HasSubstr("pod not started: http.address: ops "
+                                      "server: cannot listen on 127.0.0.1:"));
+  EXPECT_THAT(second.out(), Not(HasSubstr("range node=")));
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.AwaitExit(), kPodExitOk) << first.err();
+}
+
+TEST(PodMainProcessTest, AnEmptyHttpAddressServesNothing) {
+  PodProcess pod(Flags({"--pod_id=quiet", "--http.address="}));
+  ASSERT_TRUE(pod.AwaitOut("range node=quiet/work/0 [0,4096)\n")) << pod.err();
+  EXPECT_THAT(pod.err(), Not(HasSubstr("ops server listening")));
+  pod.Signal(SIGTERM);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
 }
 
 }  // namespace

@@ -66,9 +66,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/json.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/node_manager.h"
@@ -124,6 +128,19 @@ struct ControllerOptions {
   // setpoint::testing::ControllerHarness drives it).
   // Default: false.
   bool manual = false;
+  // How often the pieces' status is published for the pod's /statusz,
+  // /readyz and keys-by-state gauges (one runner event, O(keys)); a runner
+  // that has not run it for the probe's stuck_after is reported stuck. In
+  // manual mode it is published at the end of every RunUntilQuiet instead.
+  // Default: 1 s.
+  absl::Duration status_interval = absl::Seconds(1);
+  // Where the runner, syncers and plans publish their series, labelled
+  // kind=<kind> and node=<node id>.
+  // Default: NodeInfo::metrics (the pod's), else none.
+  MetricsRegistry* metrics = nullptr;
+  // Every line is written through a clone of it named after the node id, so
+  // each names its node; the pieces name themselves (runner=, syncer=,
+  // plan=, source=).
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
@@ -156,18 +173,41 @@ class ControllerPiece {
   virtual int RunDue(const Context& /*ctx*/) { return 0; }
   // Manual mode: when something is due next.
   virtual absl::Time NextDue() const { return absl::InfiniteFuture(); }
+  // Runner thread: appends a JSON object about the piece to `json` (or
+  // nothing), and to `not_ready` why it is not ready; sets its gauges.
+  virtual void Publish(std::string* /*json*/,
+                       std::vector<std::string>* /*not_ready*/) {}
+};
+
+// What the pieces of the running Run last published (any thread).
+struct ControllerBoard {
+  mutable Mutex mu;
+  bool running ABSL_GUARDED_BY(mu) = false;
+  absl::Time beat ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  std::vector<std::string> not_ready ABSL_GUARDED_BY(mu);
+  std::string pieces_json ABSL_GUARDED_BY(mu) = "[]";
 };
 
 // One Run's pieces and runner.
 struct ControllerRun {
-  ControllerRun(const NodeInfo& info, const ControllerOptions& options);
+  ControllerRun(const NodeInfo& info, const ControllerOptions& options,
+                ControllerBoard* board);
 
   // The assignment in force, for plan contexts (any thread).
   std::shared_ptr<const Assignment> Current() const;
   void SetCurrent(std::shared_ptr<const Assignment> a);
 
+  // Runner thread: every piece publishes to `board`; then, unless manual or
+  // stopped, the next one is due in options.status_interval.
+  void Beat();
+  // Cancels the next Beat (before the runner stops).
+  void StopBeats();
+
   const NodeInfo info;
   const ControllerOptions options;
+  // kind=, node= (and the metrics registry in options.metrics).
+  const MetricLabels labels;
+  ControllerBoard* const board;
   Runner runner;
   std::vector<std::unique_ptr<ControllerPiece>> pieces;  // Declared order.
   std::vector<std::function<void(const Assignment&)>> on_assignment;
@@ -178,6 +218,8 @@ struct ControllerRun {
  private:
   mutable Mutex mu_;
   std::shared_ptr<const Assignment> current_ ABSL_GUARDED_BY(mu_);
+  bool beats_stopped_ ABSL_GUARDED_BY(mu_) = false;
+  TimerHandle beat_ ABSL_GUARDED_BY(mu_);
 };
 
 template <class K>
@@ -202,6 +244,7 @@ class PollPiece final : public ControllerPiece {
         store_({.name = name,
                 .equal = options.equal,
                 .logger = run->options.logger}),
+        name_(name),
         source_(&run->runner, &store_, std::move(list),
                 Adjust(run, std::move(name), std::move(options))) {
     // Nothing is ours before the first assignment.
@@ -217,6 +260,12 @@ class PollPiece final : public ControllerPiece {
   }
   int RunDue(const Context&) override { return source_.PollIfDue() ? 1 : 0; }
   absl::Time NextDue() const override { return source_.NextPollTime(); }
+  void Publish(std::string*, std::vector<std::string>* not_ready) override {
+    if (!store_.InSync()) {
+      not_ready->push_back(
+          absl::StrCat("source ", name_, " has not listed yet (not in sync)"));
+    }
+  }
 
  private:
   static PollingSourceOptions<V> Adjust(ControllerRun* run, std::string name,
@@ -230,6 +279,7 @@ class PollPiece final : public ControllerPiece {
 
   const bool scoped_;
   Store<K, V> store_;
+  const std::string name_;
   PollingSource<K, V> source_;
 };
 
@@ -294,6 +344,48 @@ class TransformPiece final : public ControllerPiece {
   Transformer<K, D> transformer_;
 };
 
+// Failing keys listed per syncer in the status JSON.
+inline constexpr size_t kStatusFailures = 5;
+
+template <class K>
+void AppendSyncerStatusJson(std::string* out, const std::string& name,
+                            const SyncerStatus<K>& s, const SyncerCounters& c) {
+  if (!out->empty()) out->push_back(',');
+  out->append("{\"syncer\":");
+  AppendJsonString(out, name);
+  absl::StrAppend(out, ",\"in_sync\":", s.in_sync ? "true" : "false",
+                  ",\"keys\":", s.keys, ",\"converged\":", s.converged,
+                  ",\"pending\":", s.pending, ",\"in_flight\":", s.in_flight,
+                  ",\"awaiting_observation\":", s.awaiting_observation,
+                  ",\"failing\":", s.failing, ",\"terminal\":", s.terminal,
+                  ",\"stale\":", s.stale);
+  absl::StrAppendFormat(out, ",\"longest_pending_seconds\":%.3f",
+                        absl::ToDoubleSeconds(s.longest_pending));
+  absl::StrAppend(out, ",\"creates\":", c.creates, ",\"updates\":", c.updates,
+                  ",\"deletes\":", c.deletes, ",\"failures\":", c.failures,
+                  ",\"stale_refusals\":", c.stale_refusals,
+                  ",\"failing_keys\":[");
+  for (size_t i = 0; i < s.failures.size(); ++i) {
+    const SyncerKeyFailure<K>& f = s.failures[i];
+    if (i > 0) out->push_back(',');
+    out->append("{\"key\":");
+    AppendJsonString(out, KeyForLog(f.key));
+    out->append(",\"error\":");
+    AppendJsonString(out, f.last_error.ToString());
+    absl::StrAppend(out, ",\"failures\":", f.failures,
+                    ",\"terminal\":", f.terminal ? "true" : "false",
+                    ",\"next_attempt\":");
+    if (f.next_attempt == absl::InfiniteFuture()) {
+      out->append("null");
+    } else {
+      AppendJsonString(out, absl::FormatTime(absl::RFC3339_full, f.next_attempt,
+                                             absl::UTCTimeZone()));
+    }
+    out->push_back('}');
+  }
+  out->append("]}");
+}
+
 template <class K, class D, class O>
 class SyncPiece final : public ControllerPiece {
  public:
@@ -316,11 +408,24 @@ class SyncPiece final : public ControllerPiece {
     return syncer_.AwaitCallsWithin(FilterFor<K>(a), ctx);
   }
   int RunDue(const Context&) override { return syncer_.RunQueuedCalls(); }
+  void Publish(std::string* json,
+               std::vector<std::string>* not_ready) override {
+    syncer_.PublishStatusMetrics();
+    SyncerStatus<K> s = syncer_.StatusSnapshot(kStatusFailures);
+    if (!s.in_sync) {
+      not_ready->push_back(absl::StrCat("syncer ", syncer_.name(),
+                                        " not in sync (its inputs are not "
+                                        "complete: nothing acts)"));
+    }
+    AppendSyncerStatusJson(json, syncer_.name(), s, syncer_.counters());
+  }
 
  private:
   static SyncerOptions<D, O> Adjust(ControllerRun* run, std::string name,
                                     SyncerOptions<D, O> o) {
     o.name = std::move(name);
+    if (o.metrics == nullptr) o.metrics = run->options.metrics;
+    o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
     if (o.clock == nullptr) o.clock = run->options.clock;
     if (o.logger == nullptr) o.logger = run->options.logger;
     o.manual_updates = run->options.manual;
@@ -352,6 +457,7 @@ class PlanPiece final : public ControllerPiece {
     return loop_.RunIfDue(ctx) ? 1 : 0;
   }
   absl::Time NextDue() const override { return loop_.NextRunTime(); }
+  void Publish(std::string* json, std::vector<std::string>*) override;
 
  private:
   static ReconcileLoopOptions Adjust(ControllerRun* run,
@@ -504,6 +610,12 @@ class Controller : public Node {
   Assignment assignment() const;
   ControllerStats stats() const;
   const NodeInfo& info() const { return info_; }
+  // Node: what the pieces last published (options.status_interval): stuck
+  // when the runner has not run that event for `stuck_after`; not ready
+  // while not running, or a source or syncer is not in sync; the status
+  // JSON names the assignment and each piece (syncer counts and first
+  // failing keys, each plan's last execution report).
+  void Report(absl::Duration stuck_after, NodeReport& report) const override;
 
   // Manual mode (options.manual), for tests on one thread: Start builds
   // and starts the pieces without threads; RunUntilQuiet runs runner
@@ -539,6 +651,8 @@ class Controller : public Node {
   mutable Mutex mu_;
   std::shared_ptr<const Assignment> assignment_ ABSL_GUARDED_BY(mu_);
   ControllerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Written by the running Run's Beat (its own lock).
+  internal::ControllerBoard board_;
 };
 
 // A kind of controller nodes, for a NodeManager or PodMain.

@@ -25,9 +25,12 @@
 #define SETPOINT_NODE_NODE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/node/shard.h"
 
 namespace setpoint {
@@ -38,6 +41,21 @@ struct NodeInfo {
   std::string kind;  // Nodes of a kind split one ring between them.
   int index = 0;     // 0 .. count-1 within the pod.
   uint32_t ring_size = kDefaultRingSize;
+  // The pod's metrics (NodeManagerOptions::metrics), for the node's parts.
+  // Null: none.
+  MetricsRegistry* metrics = nullptr;
+};
+
+// What a node tells operators, through the pod's /healthz, /readyz and
+// /statusz (NodeManager::Liveness, Readiness, StatusJson).
+struct NodeReport {
+  // Why the node is not alive (a runner stuck in one event): /healthz fails.
+  std::vector<std::string> stuck;
+  // Why it is not ready (a syncer out of sync): /readyz fails.
+  std::vector<std::string> not_ready;
+  // A JSON object with the node's own status (its syncers, plans); empty
+  // for none.
+  std::string status_json;
 };
 
 class Node {
@@ -60,6 +78,15 @@ class Node {
   // again later. A throw is a failure of the node (it is restarted).
   virtual absl::Status UpdateShardRange(const Context& ctx,
                                         const ShardAssignment& assignment) = 0;
+
+  // Fills `report` for operators. Called on any thread, possibly while Run
+  // and UpdateShardRange run: read what the node published, never block.
+  // Something that has not made progress for `stuck_after` is stuck.
+  // Default: nothing to report (alive and ready).
+  virtual void Report(absl::Duration stuck_after, NodeReport& report) const {
+    (void)stuck_after;
+    (void)report;
+  }
 };
 
 }  // namespace setpoint

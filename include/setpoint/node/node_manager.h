@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/clock.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/node_registry.h"
@@ -116,6 +117,11 @@ struct NodeManagerOptions {
   // reports again once they are empty and it is back in the ring.
   // Default: none.
   std::function<void(absl::Time valid_until)> on_lease_renewed = nullptr;
+  // Where the manager publishes setpoint_node_* and setpoint_registry_*
+  // (docs/operations.md), labelled pod=<pod_id>; also given to every node
+  // (NodeInfo::metrics). Must outlive the manager.
+  // Default: none.
+  MetricsRegistry* metrics = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
   // clock).
   // Default: Clock::Monotonic().
@@ -178,6 +184,19 @@ class NodeManager {
   const std::string& pod_id() const { return pod_id_; }
   std::vector<NodeState> Nodes() const;
   NodeManagerStats stats() const;
+  // For probes and status pages, from any thread (the nodes' Report is
+  // called without the manager's lock):
+  // What keeps the pod from being alive: the protocol thread has not come
+  // round for `stuck_after` (plus a poll interval and an operation timeout),
+  // and what the nodes report stuck. Empty: alive.
+  std::vector<std::string> Liveness(absl::Duration stuck_after) const;
+  // What keeps it from being ready: the registry unreachable, no valid
+  // lease, and what the nodes report not ready. Empty: ready.
+  std::vector<std::string> Readiness(absl::Duration stuck_after) const;
+  // A JSON object: pod, epoch, lease, stats, and per node its kind, range,
+  // token and own report.
+  std::string StatusJson(absl::Duration stuck_after) const;
+
   // True when nothing is in progress: the protocol waits for its next poll
   // (which is still in the future on the clock), no wake-up is pending and
   // no node is being told about a new range. Lets tests that drive a
@@ -216,6 +235,14 @@ class NodeManager {
   void RunLoop(Slot& slot, std::stop_token stop);
   void GracefulLeave();
   void Wake();
+  // Metrics (no-op without options_.metrics): cells made at Start, counts
+  // of registry errors (call without mu_: the registry's lock comes first).
+  void InitMetrics();
+  void CountError(const char* op, const absl::Status& s);
+  void CollectMetrics(MetricWriter& w) const;
+  Histogram* poll_duration_ = nullptr;
+  Histogram* handoff_duration_ = nullptr;
+  MetricsCollectorHandle collector_;
 
   NodeManagerOptions options_;
   const std::string pod_id_;
@@ -257,6 +284,9 @@ class NodeManager {
   NodeManagerStats stats_ ABSL_GUARDED_BY(mu_);
   // Poll failures in a row, and when one was last logged (rate limit).
   int64_t failure_streak_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_poll_error_ ABSL_GUARDED_BY(mu_);
+  // When the protocol thread last came round (for Liveness).
+  absl::Time last_tick_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_failure_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t listener_ = 0;  // Our change listener in the registry.
   std::atomic<std::thread::id> loop_id_{};  // The protocol thread.

@@ -41,6 +41,7 @@
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/planner/execution_report.h"
 #include "setpoint/planner/plan.h"
@@ -88,6 +89,11 @@ struct ReconcileLoopOptions {
   // cancellation is kept. If it throws, the execution is skipped and counted
   // as a failure (failure backoff). Default: none (the context as is).
   std::function<Context(const Context&)> execution_context = nullptr;
+  // Where executions, steps, retries and rounds are counted
+  // (setpoint_plan_*, docs/operations.md), labelled with metric_labels and
+  // plan=<name>. Default: none.
+  MetricsRegistry* metrics = nullptr;
+  MetricLabels metric_labels = {};
 };
 
 // Returns kInvalidArgument naming the field when `options` is unusable.
@@ -188,6 +194,8 @@ class ReconcileLoop {
 
   Plan& plan_;
   std::string plan_name_;  // For logs; read once so a throwing Name() is safe.
+  // Counts `report` in options_.metrics (no-op without).
+  void CountReport(const ExecutionReport& report, bool interrupted, bool stale);
   const ReconcileLoopOptions options_;
   const Scheduler scheduler_;
   Clock* const clock_;

@@ -88,6 +88,10 @@ struct PodConfig {
   // "memory" or "redis".
   std::string registry_type = "memory";
   RedisNodeRegistryOptions redis = {};
+  // The operators' HTTP listener (OpsServer): "host:port", empty for none.
+  std::string http_address = "127.0.0.1:9464";
+  // /healthz fails after this long without progress.
+  absl::Duration stuck_after = absl::Seconds(30);
 
   // A readable summary with the password redacted.
   std::string ToString() const;

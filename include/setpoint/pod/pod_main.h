@@ -74,6 +74,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/node/node_registry.h"
 #include "setpoint/pod/pod_config.h"
@@ -121,6 +122,10 @@ struct PodMainOptions {
   // Called on the main thread once the manager started, before PodMain
   // waits for a signal. Default: none.
   std::function<void(NodeManager&)> on_started = nullptr;
+  // Where the pod's parts publish their series, served at /metrics; give
+  // your own to add series of the program's. Must outlive PodMain.
+  // Default: one of PodMain's own.
+  MetricsRegistry* metrics = nullptr;
 };
 
 enum class PodLogFormat { kText, kJson };

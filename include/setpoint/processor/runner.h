@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/logger.h"
 
@@ -62,6 +63,12 @@ struct RunnerOptions {
   // milliseconds of resolution) are logged as warnings. Zero disables it.
   // Default: 100 ms.
   absl::Duration slow_event_threshold = absl::Milliseconds(100);
+  // Where the runner publishes setpoint_runner_* (docs/operations.md),
+  // labelled with metric_labels and runner=<name>. The latency and duration
+  // histograms time one event in 64.
+  // Default: none (nothing is published or timed).
+  MetricsRegistry* metrics = nullptr;
+  MetricLabels metric_labels = {};
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
@@ -192,6 +199,11 @@ class Runner {
 
   RunnerStats stats() const;
   const std::string& name() const { return name_; }
+  // How long the started runner has been busy without finishing a batch of
+  // events (one event that does not return, or a queue it cannot keep up
+  // with); zero while it waits for work, and in manual mode. Resolution: a
+  // few milliseconds. For liveness probes. Thread-safe.
+  absl::Duration BusyFor() const;
 
  private:
   struct Tally;  // Counts of one batch, published to the stats at its end.
@@ -204,6 +216,8 @@ class Runner {
   int64_t RunEvents(int64_t max, uint64_t lag);
   // Runs one event, catching what it throws and timing it.
   void RunEvent(Event& event, const char* origin, Tally& tally);
+  // RunEvent, timing the event's wait in the queue and its run (metrics).
+  void RunSampled(Event& event, const char* origin, Tally& tally, uint64_t pos);
   // Adds a batch's counts to the stats.
   void Publish(const Tally& tally);
   // Loop: waits (spinning first, then sleeping on the clock) until there may
@@ -223,6 +237,11 @@ class Runner {
   std::atomic<std::thread::id> current_{};
   // Start() was called: PostAndWait waits instead of running the queue.
   std::atomic<bool> started_{false};
+  // options.metrics' cells (null without metrics), and the collector of the
+  // counters the runner keeps anyway.
+  Histogram* latency_ = nullptr;
+  Histogram* duration_ = nullptr;
+  MetricsCollectorHandle collector_;
 };
 
 // ---------------------------------------------------------------------------

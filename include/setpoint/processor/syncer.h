@@ -60,6 +60,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <deque>
@@ -84,6 +85,7 @@
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/base/status.h"
 #include "setpoint/processor/runner.h"
@@ -180,6 +182,17 @@ struct SyncerOptions {
   // on its thread (deterministic tests of a whole controller).
   // Default: false.
   bool manual_updates = false;
+  // Where operations and their durations are counted
+  // (setpoint_syncer_*, docs/operations.md), labelled with metric_labels
+  // and syncer=<name>; PublishStatusMetrics() sets the keys-by-state gauges.
+  // Default: none (nothing is published).
+  MetricsRegistry* metrics = nullptr;
+  MetricLabels metric_labels = {};
+  // A failing operation is logged as a warning at most once per this
+  // interval per syncer (with the count of failures since the last one and
+  // one example); the others are logged at debug level.
+  // Default: 10 s.
+  absl::Duration warning_interval = absl::Seconds(10);
   // Default: Clock::Real(). Use the runner's clock.
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
@@ -227,6 +240,9 @@ struct SyncerStatus {
   int64_t failing = 0;               // Last operation failed (retrying).
   int64_t terminal = 0;              // Failed terminally; not retried.
   int64_t stale = 0;  // Refused as a stale owner; waits for SetCallValues.
+  // How long the key that has waited longest for the world to match has
+  // waited (zero when every key is converged).
+  absl::Duration longest_pending = absl::ZeroDuration();
   std::vector<SyncerKeyFailure<K>> failures;  // At most max_failures.
 };
 
@@ -311,6 +327,10 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   const O* observed(const K& key) const;
   // Any thread.
   SyncerCounters counters() const;
+  // Runner thread: sets the gauges of options.metrics from a StatusSnapshot
+  // (keys by state, in sync, longest pending age). O(keys); a Controller
+  // calls it once per status interval. No-op without metrics.
+  void PublishStatusMetrics();
 
  protected:
   void OnSynced() override;
@@ -328,6 +348,8 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     absl::Status last_error;
     absl::Time not_before = absl::InfinitePast();       // Backoff.
     absl::Time pending_since = absl::InfiniteFuture();  // execution_delay.
+    // Since when the key has not matched (InfiniteFuture: it matches).
+    absl::Time unconverged_since = absl::InfiniteFuture();
     absl::Time expect_until = absl::InfinitePast();
     absl::Time wake_at = absl::InfiniteFuture();  // In the wake heap.
     uint64_t expect_observed_seq = 0;
@@ -458,6 +480,46 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   mutable CondVar call_done_;  // A running call ended.
   std::vector<std::jthread> threads_;
 
+  // Metric cells (null without options_.metrics): operations by op and
+  // result, their durations by op, and the counters below.
+  enum ResultKind { kSuccess, kError, kTerminal, kStale, kResultKinds };
+  struct Cells {
+    Counter* ops[3][kResultKinds] = {};
+    Histogram* duration[3] = {};
+    Counter* retries = nullptr;
+    Counter* discarded = nullptr;
+    Counter* cancelled = nullptr;
+    Counter* stale_refusals = nullptr;
+    Gauge* keys[7] = {};  // By SyncerStatus state, in StateNames() order.
+    Gauge* in_sync = nullptr;
+    Gauge* longest_pending = nullptr;
+  };
+  static const char* const* StateNames() {
+    static const char* const kNames[7] = {
+        "converged",   "pending",  "in_flight", "awaiting_observation",
+        "backing_off", "terminal", "stale"};
+    return kNames;
+  }
+  static int OpIndex(SyncOp op) {
+    return op == SyncOp::kCreate ? 0 : op == SyncOp::kUpdate ? 1 : 2;
+  }
+  void CountOp(SyncOp op, ResultKind kind) {
+    if (cells_.ops[0][0] != nullptr && op != SyncOp::kNone)
+      cells_.ops[OpIndex(op)][kind]->Increment();
+  }
+  static void Bump(Counter* c) {
+    if (c != nullptr) c->Increment();
+  }
+  void InitCells();
+  // Logs a failure as a warning unless one was logged less than
+  // warning_interval ago (then at debug level, counted for the next one).
+  template <class... Args>
+  void WarnFailure(absl::Time now, spdlog::format_string_t<Args...> fmt,
+                   Args&&... args);
+  Cells cells_;
+  absl::Time last_warning_ = absl::InfinitePast();
+  int64_t warnings_suppressed_ = 0;
+
   struct AtomicCounters {
     std::atomic<int64_t> creates{0}, updates{0}, deletes{0}, failures{0},
         terminal_failures{0}, client_threw{0}, results_discarded{0},
@@ -512,6 +574,90 @@ Syncer<K, D, O>::Syncer(Runner* runner, Client* client, Options options)
                                          : spdlog::default_logger()),
       rng_(options_.seed != 0 ? options_.seed : std::random_device{}()) {
   tokens_ = std::max(1, options_.rate_burst);
+  InitCells();
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::InitCells() {
+  MetricsRegistry* m = options_.metrics;
+  if (m == nullptr) return;
+  const MetricLabels base =
+      WithLabels(options_.metric_labels, {{"syncer", options_.name}});
+  static const char* const kOps[3] = {"create", "update", "delete"};
+  static const char* const kResults[kResultKinds] = {"success", "error",
+                                                     "terminal", "stale"};
+  for (int op = 0; op < 3; ++op) {
+    for (int r = 0; r < kResultKinds; ++r) {
+      cells_.ops[op][r] = &m->GetCounter(
+          "setpoint_syncer_operations_total",
+          "Client calls that returned, by operation and result.",
+          WithLabels(base, {{"op", kOps[op]}, {"result", kResults[r]}}));
+    }
+    cells_.duration[op] = &m->GetHistogram(
+        "setpoint_syncer_operation_duration_seconds",
+        "How long client calls took, by operation.",
+        WithLabels(base, {{"op", kOps[op]}}), Histogram::DurationBuckets());
+  }
+  cells_.retries = &m->GetCounter(
+      "setpoint_syncer_retries_total",
+      "Failed operations scheduled for a retry with backoff.", base);
+  cells_.discarded = &m->GetCounter(
+      "setpoint_syncer_results_discarded_total",
+      "Results discarded because their key left the range.", base);
+  cells_.cancelled = &m->GetCounter(
+      "setpoint_syncer_calls_cancelled_total",
+      "Calls cancelled or never started because their key left the range.",
+      base);
+  cells_.stale_refusals = &m->GetCounter(
+      "setpoint_syncer_stale_refusals_total",
+      "Calls the system refused as coming from a stale owner (old token).",
+      base);
+  for (int i = 0; i < 7; ++i) {
+    cells_.keys[i] =
+        &m->GetGauge("setpoint_syncer_keys", "Tracked keys, by state.",
+                     WithLabels(base, {{"state", StateNames()[i]}}));
+  }
+  cells_.in_sync = &m->GetGauge(
+      "setpoint_syncer_in_sync",
+      "1 when the syncer's inputs are complete and it acts, else 0.", base);
+  cells_.longest_pending = &m->GetGauge(
+      "setpoint_syncer_longest_pending_seconds",
+      "How long the key waiting longest for the world to match has waited.",
+      base);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::PublishStatusMetrics() {
+  if (cells_.in_sync == nullptr) return;
+  SyncerStatus<K> s = StatusSnapshot(0);
+  const int64_t by_state[7] = {
+      s.converged, s.pending,  s.in_flight, s.awaiting_observation,
+      s.failing,   s.terminal, s.stale};
+  for (int i = 0; i < 7; ++i)
+    cells_.keys[i]->Set(static_cast<double>(by_state[i]));
+  cells_.in_sync->Set(s.in_sync ? 1 : 0);
+  cells_.longest_pending->Set(absl::ToDoubleSeconds(s.longest_pending));
+}
+
+template <class K, class D, class O>
+template <class... Args>
+void Syncer<K, D, O>::WarnFailure(absl::Time now,
+                                  spdlog::format_string_t<Args...> fmt,
+                                  Args&&... args) {
+  if (now - last_warning_ < options_.warning_interval) {
+    ++warnings_suppressed_;
+    logger_->debug(fmt, std::forward<Args>(args)...);
+    return;
+  }
+  last_warning_ = now;
+  if (warnings_suppressed_ > 0) {
+    logger_->warn(
+        "syncer={} failures_since_last_warning={} (logged at debug "
+        "level; StatusSnapshot lists the failing keys)",
+        name(), warnings_suppressed_);
+    warnings_suppressed_ = 0;
+  }
+  logger_->warn(fmt, std::forward<Args>(args)...);
 }
 
 template <class K, class D, class O>
@@ -896,6 +1042,8 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
     cancelled = CancelOutsideLocked();
   }
   counters_.calls_cancelled.fetch_add(cancelled, std::memory_order_relaxed);
+  if (cells_.cancelled != nullptr && cancelled > 0)
+    cells_.cancelled->Increment(static_cast<double>(cancelled));
   SPDLOG_LOGGER_INFO(logger_,
                      "syncer reset to a new filter syncer={} forgotten={} "
                      "in_flight_forgotten={} calls_cancelled={} kept={}",
@@ -925,6 +1073,8 @@ void Syncer<K, D, O>::Fence(KeyFilter<K> filter) {
     cancelled = CancelOutsideLocked();
   }
   counters_.calls_cancelled.fetch_add(cancelled, std::memory_order_relaxed);
+  if (cells_.cancelled != nullptr && cancelled > 0)
+    cells_.cancelled->Increment(static_cast<double>(cancelled));
 }
 
 template <class K, class D, class O>
@@ -1087,12 +1237,14 @@ void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
     e.last_error = absl::OkStatus();
     e.not_before = absl::InfinitePast();
     e.pending_since = absl::InfiniteFuture();
+    e.unconverged_since = absl::InfiniteFuture();
     if (!e.desired.has_value() && !e.observed.has_value() && !e.queued &&
         !e.dirty) {
       entries_.erase(slot.first);
     }
     return;
   }
+  if (e.unconverged_since == absl::InfiniteFuture()) e.unconverged_since = now;
   if (e.stale) return;  // Waits for the next SetCallValues.
   if (e.terminal) {
     if (e.terminal_version == e.desired_version &&
@@ -1253,6 +1405,20 @@ typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(Work& w) {
   if (options_.operation_timeout > absl::ZeroDuration()) {
     op_ctx = op_ctx.WithTimeout(options_.operation_timeout);
   }
+  struct Timed {
+    Histogram* h;
+    std::chrono::steady_clock::time_point start;
+    ~Timed() {
+      if (h != nullptr) {
+        h->Observe(std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count());
+      }
+    }
+  } timed{w.op == SyncOp::kNone ? nullptr : cells_.duration[OpIndex(w.op)],
+          cells_.duration[0] != nullptr
+              ? std::chrono::steady_clock::now()
+              : std::chrono::steady_clock::time_point{}};
   try {
     switch (w.op) {
       case SyncOp::kCreate:
@@ -1381,6 +1547,7 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
   --in_flight_;
   if (r.epoch != e.epoch || !Selected(r.key)) {
     counters_.results_discarded.fetch_add(1, std::memory_order_relaxed);
+    Bump(cells_.discarded);
     SPDLOG_LOGGER_INFO(logger_,
                        "syncer result discarded, key left the range "
                        "syncer={} key={} op={}: {}",
@@ -1405,10 +1572,14 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     // Refused under values SetCallValues has replaced since: that says
     // nothing of the new ones, under which the key is tried again now.
     counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
+    Bump(cells_.stale_refusals);
+    CountOp(r.op, kStale);
   } else if (IsStaleOwner(r.status)) {
     // The system saw a newer owner's token: not ours to retry under this
     // assignment; a new one (SetCallValues) lets the key try again.
     counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
+    Bump(cells_.stale_refusals);
+    CountOp(r.op, kStale);
     e.stale = true;
     e.last_error = r.status;
     ++e.failures;
@@ -1421,6 +1592,7 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
                          r.status);
     }
   } else if (r.status.ok()) {
+    CountOp(r.op, kSuccess);
     switch (r.op) {
       case SyncOp::kCreate:
         counters_.creates.fetch_add(1, std::memory_order_relaxed);
@@ -1445,18 +1617,20 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
                         SyncOpName(r.op), name(), internal::KeyForLog(r.key));
   } else if (IsTerminal(r.status)) {
     counters_.terminal_failures.fetch_add(1, std::memory_order_relaxed);
+    CountOp(r.op, kTerminal);
     e.terminal = true;
     e.terminal_version = r.desired_version;
     e.terminal_observed_seq = r.observed_seq;
     e.last_error = r.status;
     ++e.failures;
-    SPDLOG_LOGGER_ERROR(logger_,
-                        "syncer {} failed terminally, not retried until the "
-                        "key changes syncer={} key={}: {}",
-                        SyncOpName(r.op), name(), internal::KeyForLog(r.key),
-                        r.status);
+    WarnFailure(now,
+                "syncer {} failed terminally, not retried until the key "
+                "changes syncer={} key={}: {}",
+                SyncOpName(r.op), name(), internal::KeyForLog(r.key), r.status);
   } else {
     counters_.failures.fetch_add(1, std::memory_order_relaxed);
+    CountOp(r.op, kError);
+    Bump(cells_.retries);
     if (r.threw) counters_.client_threw.fetch_add(1, std::memory_order_relaxed);
     ++e.failures;
     std::optional<absl::Duration> hint = RetryAfterHint(r.status);
@@ -1467,14 +1641,14 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
                            std::uniform_real_distribution<double>(0, 1)(rng_));
     e.not_before = now + delay;
     e.last_error = r.status;
-    if ((e.failures & (e.failures - 1)) == 0 || r.threw) {
-      // Logged on failures 1, 2, 4, 8, ...: visible, not a flood.
-      SPDLOG_LOGGER_WARN(logger_,
-                         "syncer {} failed, retrying syncer={} key={} "
-                         "failures={} retry_in={}: {}",
-                         SyncOpName(r.op), name(), internal::KeyForLog(r.key),
-                         e.failures, delay, r.status);
-    }
+    // One warning per warning_interval for the whole syncer, with the
+    // count of the others: visible, not a flood (StatusSnapshot lists every
+    // failing key).
+    WarnFailure(now,
+                "syncer {} failed, retrying syncer={} key={} failures={} "
+                "retry_in={}: {}",
+                SyncOpName(r.op), name(), internal::KeyForLog(r.key),
+                e.failures, delay, r.status);
   }
   Evaluate(*it, now);
 }
@@ -1491,6 +1665,10 @@ SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
       continue;  // Forgotten, waiting for its result.
     }
     ++s.keys;
+    if (e.unconverged_since < now) {
+      s.longest_pending =
+          std::max(s.longest_pending, now - e.unconverged_since);
+    }
     if (e.in_flight != SyncOp::kNone) {
       ++s.in_flight;
     } else if (e.expect_op != SyncOp::kNone && now < e.expect_until) {
