@@ -26,6 +26,7 @@
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/controller_harness.h"
+#include "setpoint/testing/metrics_snapshot.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
@@ -39,6 +40,9 @@ using ::setpoint::testing::IsOk;
 using ::setpoint::testing::NullLogger;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using Map = absl::flat_hash_map<std::string, int>;
 
 constexpr uint32_t kRing = 64;
@@ -808,6 +812,68 @@ TEST(ControllerTest, ManagedNodeWhoseRunFailsOnceConverges) {
   EXPECT_GE(builds.load(), 2);
   EXPECT_EQ(api.counts().unowned, 0);
   EXPECT_EQ(api.counts().stale, 0);
+}
+
+// --- What operators see ------------------------------------------------
+
+TEST(ControllerTest, PublishesMetricsAndReportsStatusReadinessAndStaleness) {
+  SimulatedClock clock;
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(40, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  MetricsRegistry metrics;
+  NodeInfo node = Node("p/k/0");
+  node.metrics = &metrics;
+  ControllerBuildFn sync = SyncBuild(&api, &catalog, &client);
+  ControllerHarness h(
+      [&](ControllerBuilder& b) {
+        SETPOINT_RETURN_IF_ERROR(sync(b));
+        b.Reconcile(MakePlan("noop", [](const Context&) {
+          return absl::StatusOr<Procedures>(Procedures{});
+        }));
+        return absl::OkStatus();
+      },
+      {.clock = &clock, .node = node, .logger = NullLogger()});
+  NodeReport before;
+  h.controller().Report(absl::Seconds(30), before);
+  EXPECT_THAT(before.not_ready, ElementsAre(HasSubstr("not running")));
+  ASSERT_THAT(h.Start(), IsOk());
+  api.SetTruth("p/k/0", ShardRange{0, kRing});
+  ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 3), IsOk());
+  h.Advance(absl::Seconds(5));
+  ASSERT_EQ(api.world(), catalog.Get());
+
+  ::setpoint::testing::MetricsSnapshot snap(metrics);
+  const MetricLabels node_labels = {{"kind", "k"}, {"node", "p/k/0"}};
+  EXPECT_EQ(snap.Value("setpoint_syncer_operations_total",
+                       WithLabels(node_labels,
+                                  {{"op", "create"}, {"result", "success"}})),
+            40);
+  EXPECT_EQ(snap.Count("setpoint_syncer_operation_duration_seconds",
+                       WithLabels(node_labels, {{"op", "create"}})),
+            40);
+  EXPECT_EQ(snap.Value("setpoint_syncer_keys",
+                       WithLabels(node_labels, {{"state", "converged"}})),
+            40);
+  EXPECT_EQ(snap.Value("setpoint_syncer_in_sync", node_labels), 1);
+  EXPECT_GT(snap.Value("setpoint_runner_events_total", node_labels), 0);
+  EXPECT_GE(snap.Value("setpoint_plan_executions_total",
+                       WithLabels(node_labels, {{"result", "converged"}})),
+            1);
+
+  NodeReport report;
+  h.controller().Report(absl::Seconds(30), report);
+  EXPECT_THAT(report.stuck, IsEmpty());
+  EXPECT_THAT(report.not_ready, IsEmpty());
+  EXPECT_THAT(report.status_json,
+              HasSubstr("\"assignment\":{\"range\":[0,64],\"token\":3}"));
+  EXPECT_THAT(report.status_json, HasSubstr("\"keys\":40,\"converged\":40"));
+  EXPECT_THAT(report.status_json, HasSubstr("{\"plan\":\"noop\""));
+  h.Stop();
+  NodeReport after;
+  h.controller().Report(absl::Seconds(30), after);
+  EXPECT_THAT(after.not_ready, ElementsAre(HasSubstr("not running")));
 }
 
 }  // namespace
