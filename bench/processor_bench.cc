@@ -25,7 +25,11 @@ namespace {
 void BM_RunnerPost(benchmark::State& state) {
   const int producers = static_cast<int>(state.range(0));
   constexpr int64_t kPerProducer = 1'000'000;
-  Runner runner({.name = "bench", .logger = ::setpoint::testing::NullLogger()});
+  // metrics=1: the runner publishes its series (and times 1 event in 64).
+  MetricsRegistry metrics;
+  Runner runner({.name = "bench",
+                 .metrics = state.range(1) != 0 ? &metrics : nullptr,
+                 .logger = ::setpoint::testing::NullLogger()});
   if (!runner.Start().ok()) {
     state.SkipWithError("runner did not start");
     return;
@@ -56,9 +60,11 @@ void BM_RunnerPost(benchmark::State& state) {
   state.SetItemsProcessed(executed);
 }
 BENCHMARK(BM_RunnerPost)
-    ->ArgName("producers")
-    ->Arg(1)
-    ->Arg(2)
+    ->ArgNames({"producers", "metrics"})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->Args({2, 0})
+    ->Args({2, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -216,12 +216,18 @@ void BM_SyncerIngest(benchmark::State& state) {
   const std::vector<std::string>& keys = Keys(kKeys);
   int64_t calls_total = 0;
   double span_total = 0;
+  // metrics=1: the runner and the syncer publish their series.
+  MetricsRegistry metrics;
+  MetricsRegistry* m = state.range(0) != 0 ? &metrics : nullptr;
   for (auto _ : state) {
-    Runner runner({.name = "bench", .logger = testing::NullLogger()});
+    Runner runner(
+        {.name = "bench", .metrics = m, .logger = testing::NullLogger()});
     SlowWorld world(&runner);
-    IntSyncer syncer(
-        &runner, &world,
-        {.name = "bench", .max_in_flight = 8, .logger = testing::NullLogger()});
+    IntSyncer syncer(&runner, &world,
+                     {.name = "bench",
+                      .max_in_flight = 8,
+                      .metrics = m,
+                      .logger = testing::NullLogger()});
     world.set_syncer(&syncer);
     syncer.MarkDesiredComplete();
     if (!syncer.Start().ok() || !runner.Start().ok()) {
@@ -273,7 +279,12 @@ void BM_SyncerIngest(benchmark::State& state) {
   state.counters["ingest_span_ms"] =
       benchmark::Counter(span_total * 1e3, benchmark::Counter::kAvgIterations);
 }
-BENCHMARK(BM_SyncerIngest)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SyncerIngest)
+    ->ArgName("metrics")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- Resync -----------------------------------------------------------------
 
