@@ -20,7 +20,9 @@
 // and stay idle, still renewing their leases. Describe reads everything the
 // registry records, for operator tools (setpointctl); it changes nothing.
 //
-// Thread safety: implementations are thread-safe.
+// Thread safety: implementations are thread-safe. The request, result and
+// description structs are plain values; PodOfNodeId, ShareMembers and
+// ValidatePodId are pure functions, safe from any thread.
 #ifndef SETPOINT_NODE_NODE_REGISTRY_H_
 #define SETPOINT_NODE_NODE_REGISTRY_H_
 
