@@ -515,6 +515,14 @@ TEST_F(RedisRegistryTest, GarbageDrainFlagsAndRecordsAreNamedNotACrash) {
       EXPECT_EQ(m.lease_expiry, absl::InfiniteFuture());
     }
   }
+  // A poll without ring sizes still records its kind, as unknown.
+  ASSERT_THAT(r->Poll(ctx_, {.kinds = {{"other", {"z/other/0"}}}}).status(),
+              IsOk());
+  d = r->Describe(ctx_);
+  ASSERT_THAT(d.status(), IsOk());
+  ASSERT_TRUE(d->kinds.contains("other"));
+  EXPECT_EQ(d->kinds.at("other").ring_size, 0u);
+  EXPECT_THAT(d->warnings, warned("\"other\": no ring size recorded"));
   // A drain record of another type: every operation that reads it fails,
   // naming the key.
   Raw(server_.address(), {"DEL", drained});

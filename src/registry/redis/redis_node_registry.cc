@@ -112,7 +112,8 @@ end
 // older than a version the caller saw; renews the given members, expires
 // dead ones with their held ranges, and returns
 // {epoch, grants_from, now, version, new_epoch_reason, views, warnings,
-// drained}, and records each kind's ring size for Describe.
+// drained}, and records each kind (with its ring size, when given) for
+// Describe.
 constexpr char kPollScript[] = R"lua(
 local now = now_ms()
 local lease = tonumber(ARGV[1])
@@ -191,8 +192,12 @@ for k = 1, nkinds do
   local ring = ARGV[ai + 1]
   local n = tonumber(ARGV[ai + 2])
   ai = ai + 3
-  if ring ~= '' and redis.call('HGET', KEYS[6], kind) ~= ring then
-    redis.call('HSET', KEYS[6], kind, ring)
+  if ring ~= '' then
+    if redis.call('HGET', KEYS[6], kind) ~= ring then
+      redis.call('HSET', KEYS[6], kind, ring)
+    end
+  elseif redis.call('HEXISTS', KEYS[6], kind) == 0 then
+    redis.call('HSET', KEYS[6], kind, '')
   end
   local dead = redis.call('ZRANGEBYSCORE', members, '-inf', num(now))
   if #dead > 0 then

@@ -316,10 +316,13 @@ absl::StatusOr<RegistryDescription> DecodeDescribeReply(
     auto r = rings.find(name);
     if (r == rings.end() || !ParseDecimal(r->second, &ring) || ring == 0 ||
         ring > std::numeric_limits<uint32_t>::max()) {
-      warnings.push_back(absl::StrCat(
-          "kind ", Quote(name), ": ring size ",
-          r == rings.end() ? std::string("not recorded") : Quote(r->second),
-          " is not a number of shards"));
+      warnings.push_back(
+          r == rings.end() || r->second.empty()
+              ? absl::StrCat("kind ", Quote(name),
+                             ": no ring size recorded (its pods' polls give "
+                             "none)")
+              : absl::StrCat("kind ", Quote(name), ": ring size ",
+                             Quote(r->second), " is not a number of shards"));
       ring = 0;
     }
     kind.ring_size = static_cast<uint32_t>(ring);
