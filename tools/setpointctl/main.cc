@@ -224,16 +224,16 @@ Parsed Parse(int argc, char** argv) {
 
 class Ctl {
  public:
-  Ctl(Args args, PodConfig config, std::unique_ptr<NodeRegistry> registry)
+  Ctl(Args args, const PodConfig& config,
+      std::unique_ptr<NodeRegistry> registry)
       : args_(std::move(args)),
-        config_(std::move(config)),
         registry_(std::move(registry)),
-        source_{.address = config_.redis.address, .ns = config_.redis.ns} {}
+        source_{.address = config.redis.address, .ns = config.redis.ns} {}
 
   int Run() {
-    if (args_.command == "status") return Status();
-    if (args_.command == "watch") return Watch();
-    return Drain(args_.command == "drain", args_.operands[0]);
+    if (args_.command == "status") return RunStatus();
+    if (args_.command == "watch") return RunWatch();
+    return RunDrain(args_.command == "drain", args_.operands[0]);
   }
 
  private:
@@ -248,7 +248,7 @@ class Ctl {
     return kExitRegistry;
   }
 
-  std::string Render(const ctl::Status& status) const {
+  std::string Render(const Status& status) const {
     return args_.json ? StatusJson(status, source_)
                       : StatusText(status, source_);
   }
@@ -258,14 +258,14 @@ class Ctl {
     std::fflush(stdout);
   }
 
-  int Status() {
+  int RunStatus() {
     absl::StatusOr<RegistryDescription> d = registry_->Describe(Call());
     if (!d.ok()) return Fail(d.status());
     Print(Render(BuildStatus(*d)));
     return kExitOk;
   }
 
-  int Drain(bool drain, const std::string& pod) {
+  int RunDrain(bool drain, const std::string& pod) {
     if (absl::Status s = registry_->SetDrained(Call(), pod, drain); !s.ok()) {
       return Fail(s);
     }
@@ -280,7 +280,7 @@ class Ctl {
     // What the registry shows now, as a hint; the drain itself is done.
     absl::StatusOr<RegistryDescription> d = registry_->Describe(Call());
     if (d.ok()) {
-      ctl::Status status = BuildStatus(*d);
+      Status status = BuildStatus(*d);
       bool member = false;
       for (const PodRow& p : status.pods) {
         if (p.pod == pod && p.nodes > 0) member = true;
@@ -300,7 +300,7 @@ class Ctl {
     return kExitOk;
   }
 
-  int Watch() {
+  int RunWatch() {
     // SIGINT/SIGTERM end the watch; they are taken by sigtimedwait between
     // looks.
     sigset_t signals;
@@ -316,7 +316,7 @@ class Ctl {
       std::string fingerprint;
       std::string text;
       if (d.ok()) {
-        ctl::Status status = BuildStatus(*d);
+        Status status = BuildStatus(*d);
         fingerprint = StatusFingerprint(status);
         text = Render(status);
       } else {
@@ -345,7 +345,6 @@ class Ctl {
   }
 
   Args args_;
-  PodConfig config_;
   std::unique_ptr<NodeRegistry> registry_;
   StatusSource source_;
 };
@@ -391,7 +390,7 @@ int Main(int argc, char** argv) {
                  std::string(registry.status().message()).c_str());
     return kExitUsage;
   }
-  Ctl ctl(std::move(args), *std::move(config), *std::move(registry));
+  Ctl ctl(std::move(args), *config, *std::move(registry));
   return ctl.Run();
 }
 
