@@ -1,8 +1,8 @@
 // libFuzzer target for how the Redis registry reads values back: the poll
-// script's reply (DecodePollReply) and the stored token and held values
-// (ParseToken, ParseHeld). Whatever someone else wrote into Redis, decoding
-// must return a value or a clear error, never crash, and never accept what
-// breaks an invariant the NodeManager relies on.
+// and describe scripts' replies (DecodePollReply, DecodeDescribeReply) and the
+// stored token and held values (ParseToken, ParseHeld). Whatever someone else
+// wrote into Redis, decoding must return a value or a clear error, never crash,
+// and never accept what breaks an invariant the NodeManager relies on.
 //
 // Input: byte 0 picks the number of kinds (0-2); the rest encodes one
 // reply tree (see Read below). The same bytes are also fed to ParseToken
@@ -112,6 +112,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int n = reader.Byte() % 3;
   for (int i = 0; i < n; ++i) kinds.push_back(absl::StrCat("k", i));
   RedisReply reply = reader.Read(0);
+  // The same tree as the describe script's reply: a description or a
+  // shape error, never a crash.
+  if (auto described = setpoint::redis::DecodeDescribeReply(reply, kinds);
+      described.ok()) {
+    Check(described->kinds.size() == kinds.size(), "one description per kind");
+    for (const auto& [kind, k] : described->kinds) {
+      for (size_t i = 1; i < k.members.size(); ++i) {
+        Check(k.members[i - 1].id <= k.members[i].id, "members sorted");
+      }
+      for (const auto& m : k.members) {
+        Check(!m.held.has_value() || m.held->range.begin < m.held->range.end,
+              "described range not empty");
+      }
+    }
+  } else {
+    Check(absl::IsInternal(described.status()), "describe error code");
+  }
   auto decoded = setpoint::redis::DecodePollReply(reply, kinds);
   if (!decoded.ok()) {
     Check(absl::IsInternal(decoded.status()), "decode error code");

@@ -316,7 +316,8 @@ std::vector<NodeState> NodeManager::Nodes() const {
   std::vector<NodeState> out;
   for (const auto& slot : slots_) {
     out.push_back(NodeState{slot->info.id, slot->info.kind, slot->active,
-                            slot->registered, slot->running, slot->restarts});
+                            slot->registered, slot->running, slot->restarts,
+                            drained_});
   }
   return out;
 }
@@ -338,7 +339,9 @@ bool NodeManager::Idle() const {
 
 NodeManagerStats NodeManager::stats() const {
   MutexLock l(&mu_);
-  return stats_;
+  NodeManagerStats stats = stats_;
+  stats.drained = drained_;
+  return stats;
 }
 
 void NodeManager::Loop(std::stop_token stop) {
@@ -408,6 +411,7 @@ void NodeManager::Tick() {
     for (const auto& slot : slots_) {
       if (slot->registered) {
         request.kinds[slot->info.kind].push_back(slot->info.id);
+        request.ring_sizes[slot->info.kind] = slot->info.ring_size;
       }
     }
     poll = poll_needed_ || !last_view_.has_value();
@@ -483,6 +487,23 @@ void NodeManager::Tick() {
         epoch_ = result->epoch;
       }
       max_version_ = std::max(max_version_, result->version);
+      // Drained: the targets below leave this pod's nodes out, so they
+      // shrink to the empty range by the usual path.
+      const bool drained = result->drained.contains(pod_id_);
+      if (drained != drained_) {
+        if (drained) {
+          SPDLOG_LOGGER_INFO(logger_,
+                             "pod drained, its nodes hand their shards over "
+                             "pod={}",
+                             pod_id_);
+        } else {
+          SPDLOG_LOGGER_INFO(logger_,
+                             "pod undrained, its nodes take a share again "
+                             "pod={}",
+                             pod_id_);
+        }
+        drained_ = drained;
+      }
       // Grants refused for a while (a new epoch): poll again the moment
       // they are allowed (measured from when the answer came, so never
       // early), and ignore nudges until then.
@@ -518,7 +539,8 @@ void NodeManager::Tick() {
       for (const auto& k : options_.kinds) {
         if (k.kind == kind) ring = k.ring_size;
       }
-      auto targets = AssignShards(view.members, ring);
+      auto targets =
+          AssignShards(ShareMembers(view.members, last_view_->drained), ring);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
         {

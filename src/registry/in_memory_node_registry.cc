@@ -51,6 +51,10 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
     }
     for (const auto& [name, ids] : request.kinds) {
       Kind& kind = kinds_[name];
+      if (auto ring = request.ring_sizes.find(name);
+          ring != request.ring_sizes.end()) {
+        kind.ring_size = ring->second;
+      }
       changed |= Expire(kind, now);
       for (const std::string& id : ids) {
         auto [it, inserted] =
@@ -61,6 +65,7 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
       for (const auto& [id, expiry] : kind.expiry) view.members.push_back(id);
       view.held = kind.held;
     }
+    for (const auto& [pod, since] : drained_) result.drained.insert(pod);
     ++version_;
     result.epoch = epoch_;
     result.grants_from = grants_from_;
@@ -177,6 +182,52 @@ absl::Status InMemoryNodeRegistry::Deregister(
   return absl::OkStatus();
 }
 
+absl::Status InMemoryNodeRegistry::SetDrained(const Context& ctx,
+                                              const std::string& pod_id,
+                                              bool drained) {
+  if (absl::Status err = ctx.Err(); !err.ok()) return err;
+  if (absl::Status s = ValidatePodId(pod_id); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set drained: ", s.message()));
+  }
+  {
+    MutexLock l(&mu_);
+    ++operations_;
+    bool changed = drained ? drained_.try_emplace(pod_id, clock_->Now()).second
+                           : drained_.erase(pod_id) > 0;
+    if (!changed) return absl::OkStatus();
+    ++version_;
+  }
+  Changed();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegistryDescription> InMemoryNodeRegistry::Describe(
+    const Context& ctx) {
+  if (absl::Status err = ctx.Err(); !err.ok()) return err;
+  MutexLock l(&mu_);
+  ++operations_;
+  RegistryDescription d;
+  d.epoch = epoch_;
+  d.version = version_;
+  d.server_time = clock_->Now();
+  d.grants_from = grants_from_;
+  d.drained = drained_;
+  for (const auto& [name, kind] : kinds_) {
+    KindDescription& k = d.kinds[name];
+    k.ring_size = kind.ring_size;
+    k.last_token = std::max(kind.last_token, token_floor_);
+    for (const auto& [id, expiry] : kind.expiry) {
+      MemberDescription m{.id = id, .lease_expiry = expiry, .held = {}};
+      if (auto it = kind.held.find(id); it != kind.held.end()) {
+        m.held = it->second;
+      }
+      k.members.push_back(std::move(m));
+    }
+  }
+  return d;
+}
+
 int64_t InMemoryNodeRegistry::AddChangeListener(
     std::function<void()> listener) {
   MutexLock l(&listeners_mu_);
@@ -205,6 +256,7 @@ void InMemoryNodeRegistry::ForgetEverything(absl::Duration grace) {
       token_floor_ = std::max(token_floor_, kind.last_token);
     }
     kinds_.clear();
+    drained_.clear();
     version_ = 0;
     NewEpochLocked(grace);
   }
@@ -213,7 +265,7 @@ void InMemoryNodeRegistry::ForgetEverything(absl::Duration grace) {
 
 InMemoryNodeRegistry::Snapshot InMemoryNodeRegistry::TakeSnapshot() const {
   MutexLock l(&mu_);
-  return Snapshot{kinds_, epoch_, grants_from_, version_};
+  return Snapshot{kinds_, drained_, epoch_, grants_from_, version_};
 }
 
 void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
@@ -223,6 +275,7 @@ void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
       token_floor_ = std::max(token_floor_, kind.last_token);
     }
     kinds_ = snapshot.kinds;
+    drained_ = snapshot.drained;
     epoch_ = snapshot.epoch;
     grants_from_ = snapshot.grants_from;
     version_ = snapshot.version;

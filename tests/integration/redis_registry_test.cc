@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -389,6 +390,153 @@ TEST_F(RedisRegistryTest, FloodOfChangeMessagesDoesNotReachOurOwnWrites) {
   r->RemoveChangeListener(id);
 }
 
+TEST_F(RedisRegistryTest, DrainIsOneAnnouncedWriteThatEveryPollCarries) {
+  auto r = Registry(server_.address());
+  auto admin = Registry(server_.address());
+  std::atomic<int> changes{0};
+  int64_t id = r->AddChangeListener([&] { ++changes; });
+  auto before = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(before.status(), IsOk());
+  EXPECT_THAT(before->drained, IsEmpty());
+  // The subscription may take a moment: drain and undrain until heard.
+  ASSERT_TRUE(AwaitCondition([&] {
+    EXPECT_THAT(admin->SetDrained(ctx_, "c", true), IsOk());
+    EXPECT_THAT(admin->SetDrained(ctx_, "c", false), IsOk());
+    return changes.load() > 0;
+  }));
+  ASSERT_THAT(admin->SetDrained(ctx_, "b", true), IsOk());
+  const std::string key = r->prefix() + ":drained";
+  const std::string since = Raw(server_.address(), {"HGET", key, "b"}).str;
+  int64_t ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(since, &ms)) << since;
+  EXPECT_NEAR(static_cast<double>(ms),
+              static_cast<double>(absl::ToUnixMillis(absl::Now())), 5000);
+  // Drained again: nothing changes, not even the time.
+  ASSERT_THAT(admin->SetDrained(ctx_, "b", true), IsOk());
+  EXPECT_EQ(Raw(server_.address(), {"HGET", key, "b"}).str, since);
+  auto v = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_THAT(v->drained, ElementsAre("b"));
+  EXPECT_EQ(v->epoch, before->epoch) << "a drain is no new epoch";
+  EXPECT_GT(v->version, before->version + 1) << "each drain is a write";
+  EXPECT_THAT(v->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
+  ASSERT_THAT(admin->SetDrained(ctx_, "b", false), IsOk());
+  v = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_THAT(v->drained, IsEmpty());
+  EXPECT_THAT(
+      admin->SetDrained(ctx_, "a/vm/0", true),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pod id")));
+  r->RemoveChangeListener(id);
+}
+
+TEST_F(RedisRegistryTest, DescribeReadsEverythingAndChangesNothing) {
+  auto r = Registry(server_.address());
+  // An empty namespace: nothing yet, said plainly.
+  auto empty = r->Describe(ctx_);
+  ASSERT_THAT(empty.status(), IsOk());
+  EXPECT_TRUE(empty->epoch.empty());
+  EXPECT_THAT(empty->kinds, IsEmpty());
+  EXPECT_THAT(empty->warnings, ElementsAre(HasSubstr("no epoch")));
+  auto first = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0", "b/vm/0"}}},
+                              .lease = absl::Seconds(3),
+                              .ring_sizes = {{"vm", 64}}});
+  ASSERT_THAT(first.status(), IsOk());
+  epoch_ = first->epoch;
+  AllowGrants(server_.address(), *r);
+  auto token = r->Grant(ctx_, "vm", "a/vm/0", {0, 32}, epoch_);
+  ASSERT_THAT(token.status(), IsOk());
+  ASSERT_THAT(r->SetDrained(ctx_, "b", true), IsOk());
+  const std::string version_key = r->prefix() + ":version";
+  const std::string version = Raw(server_.address(), {"GET", version_key}).str;
+  auto d = r->Describe(ctx_);
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_THAT(d->warnings, IsEmpty());
+  EXPECT_EQ(d->epoch, first->epoch);
+  EXPECT_EQ(absl::StrCat(d->version), version);
+  EXPECT_EQ(d->grants_from, absl::FromUnixMillis(0));
+  EXPECT_LT(absl::AbsDuration(d->server_time - absl::Now()), absl::Seconds(5));
+  ASSERT_TRUE(d->drained.contains("b"));
+  EXPECT_LE(d->drained.at("b"), d->server_time);
+  ASSERT_TRUE(d->kinds.contains("vm"));
+  const KindDescription& vm = d->kinds.at("vm");
+  EXPECT_EQ(vm.ring_size, 64u);
+  EXPECT_EQ(vm.last_token, *token);
+  ASSERT_EQ(vm.members.size(), 2u);
+  EXPECT_EQ(vm.members[0].id, "a/vm/0");
+  EXPECT_EQ(vm.members[0].held, (ShardAssignment{{0, 32}, *token}));
+  EXPECT_GT(vm.members[0].lease_expiry, d->server_time);
+  EXPECT_LE(vm.members[0].lease_expiry, d->server_time + absl::Seconds(3));
+  EXPECT_EQ(vm.members[1].id, "b/vm/0");
+  EXPECT_FALSE(vm.members[1].held.has_value());
+  // Reading wrote nothing.
+  ASSERT_THAT(r->Describe(ctx_).status(), IsOk());
+  EXPECT_EQ(Raw(server_.address(), {"GET", version_key}).str, version);
+}
+
+TEST_F(RedisRegistryTest, GarbageDrainFlagsAndRecordsAreNamedNotACrash) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(
+      r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}}, .ring_sizes = {{"vm", 64}}})
+          .status(),
+      IsOk());
+  const std::string drained = r->prefix() + ":drained";
+  const std::string kinds = r->prefix() + ":kinds";
+  // A flag whose time does not parse still drains its pod, and says so; a
+  // field that is not a pod id drains nothing.
+  Raw(server_.address(), {"HSET", drained, "x", "yes please"});
+  Raw(server_.address(), {"HSET", drained, "p/vm/0", "1"});
+  Raw(server_.address(),
+      {"HSET", r->prefix() + ":kind:vm:held", "a/vm/0", "zero to all"});
+  Raw(server_.address(), {"HSET", kinds, "vm", "many"});
+  Raw(server_.address(),
+      {"ZADD", r->prefix() + ":kind:vm:members", "+inf", "not-an-id"});
+  auto v = Poll(*r, {"a/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_THAT(v->drained, ElementsAre("x"));
+  auto d = r->Describe(ctx_);
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_THAT(d->drained, ::testing::Contains(::testing::Key("x")));
+  EXPECT_EQ(d->drained.at("x"), absl::InfinitePast());
+  EXPECT_FALSE(d->drained.contains("p/vm/0"));
+  const KindDescription& vm = d->kinds.at("vm");
+  EXPECT_EQ(vm.ring_size, 0u) << "unknown, not a guess";
+  auto warned = [&](const std::string& what) {
+    return ::testing::Contains(HasSubstr(what));
+  };
+  EXPECT_THAT(d->warnings, warned("yes please"));
+  EXPECT_THAT(d->warnings, warned("p/vm/0"));
+  EXPECT_THAT(d->warnings, warned("zero to all"));
+  EXPECT_THAT(d->warnings, warned("not-an-id"));
+  EXPECT_THAT(d->warnings, warned("\"many\""));
+  for (const auto& m : vm.members) {
+    EXPECT_FALSE(m.held.has_value()) << m.id;
+    if (m.id == "not-an-id") {
+      EXPECT_EQ(m.lease_expiry, absl::InfiniteFuture());
+    }
+  }
+  // A poll without ring sizes still records its kind, as unknown.
+  ASSERT_THAT(r->Poll(ctx_, {.kinds = {{"other", {"z/other/0"}}}}).status(),
+              IsOk());
+  d = r->Describe(ctx_);
+  ASSERT_THAT(d.status(), IsOk());
+  ASSERT_TRUE(d->kinds.contains("other"));
+  EXPECT_EQ(d->kinds.at("other").ring_size, 0u);
+  EXPECT_THAT(d->warnings, warned("\"other\": no ring size recorded"));
+  // A drain record of another type: every operation that reads it fails,
+  // naming the key.
+  Raw(server_.address(), {"DEL", drained});
+  Raw(server_.address(), {"SET", drained, "b"});
+  EXPECT_THAT(Poll(*r, {"a/vm/0"}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(drained)));
+  EXPECT_THAT(r->SetDrained(ctx_, "b", true),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(drained)));
+  EXPECT_THAT(r->Describe(ctx_).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(drained)));
+  Raw(server_.address(), {"DEL", drained});
+  EXPECT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+}
+
 TEST(RedisAuthTest, PasswordAndAclUser) {
   RedisServer server(RedisServerOptions{
       .requirepass = "s3cret-pass",
@@ -618,6 +766,28 @@ TEST_F(RedisNodeManagerTest, TenNodePodFencesOnTimeWhileRedisHangs) {
   EXPECT_LE(late, absl::Milliseconds(250));
   ASSERT_TRUE(AwaitCondition([&] { return owning() == kNodes; }));
   pod.Stop();
+}
+
+TEST_F(RedisNodeManagerTest, DrainedPodHandsOverAndComesBackThroughRedis) {
+  NodeManager& a = StartPod("a", absl::Seconds(3));
+  NodeManager& b = StartPod("b", absl::Seconds(3));
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a, &b}); }));
+  auto admin = Registry(server_.address());
+  Context ctx = Context::Background();
+  ASSERT_THAT(admin->SetDrained(ctx, "b", true), IsOk());
+  // A handoff, not a lease expiry: well under the 3 s lease.
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a}) && AllEmpty(b); },
+                             absl::Seconds(2)));
+  EXPECT_TRUE(b.stats().drained);
+  EXPECT_EQ(b.stats().fences, 0);
+  auto d = admin->Describe(ctx);
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_EQ(d->kinds["vm"].members.size(), 4u) << "b's nodes stay members";
+  ASSERT_THAT(admin->SetDrained(ctx, "b", false), IsOk());
+  ASSERT_TRUE(AwaitCondition([&] {
+    return Covered({&a, &b}) && !AllEmpty(a) && !AllEmpty(b);
+  }));
+  EXPECT_FALSE(b.stats().drained);
 }
 
 TEST_F(RedisNodeManagerTest, GracefulLeaveHandsOverAtOnce) {

@@ -557,6 +557,132 @@ TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
   EXPECT_TRUE(Balanced({&a}, 2));
 }
 
+// ---- Drain -------------------------------------------------------------
+
+TEST_F(NodeManagerTest, DrainedPodHandsEveryShardOverAndUndrainGivesThemBack) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  const int64_t releases = b.stats().releases;
+  Context ctx = Context::Background(&clock_);
+  ASSERT_THAT(registry_.SetDrained(ctx, "b", true), IsOk());
+  // b's nodes shrink to the empty range, release, and a grows into the
+  // whole ring; the tracker checks at every step that a never starts on a
+  // shard b still works on.
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2) && AllEmpty(b); }));
+  EXPECT_GT(b.stats().releases, releases);
+  EXPECT_TRUE(b.stats().drained);
+  EXPECT_FALSE(a.stats().drained);
+  EXPECT_EQ(tracker_.OwnedBy("b/"), 0);
+  EXPECT_EQ(tracker_.OwnedBy("a/"), static_cast<int>(kRing));
+  // Idle but alive: several leases later b still renews and holds nothing.
+  AdvanceUntil([] { return false; }, absl::Seconds(7));
+  for (const NodeState& n : b.Nodes()) {
+    EXPECT_TRUE(n.registered) << n.id;
+    EXPECT_TRUE(n.drained) << n.id;
+    EXPECT_TRUE(n.active.range.Empty()) << n.id;
+  }
+  absl::StatusOr<RegistryDescription> d = registry_.Describe(ctx);
+  ASSERT_THAT(d.status(), IsOk());
+  ASSERT_EQ(d->kinds["vm"].members.size(), 4u);
+  for (const MemberDescription& m : d->kinds["vm"].members) {
+    EXPECT_GT(m.lease_expiry, d->server_time) << m.id << " keeps renewing";
+    EXPECT_EQ(m.held.has_value(), m.id.rfind("a/", 0) == 0) << m.id;
+  }
+  EXPECT_EQ(b.stats().fences, 0) << "a drain is a handoff, not a fence";
+  ASSERT_THAT(registry_.SetDrained(ctx, "b", false), IsOk());
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  EXPECT_FALSE(b.stats().drained);
+  EXPECT_EQ(tracker_.OwnedBy("b/"), static_cast<int>(kRing / 2));
+}
+
+TEST_F(NodeManagerTest, WhenEveryPodIsDrainedNobodyOwnsAnything) {
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  Context ctx = Context::Background(&clock_);
+  ASSERT_THAT(registry_.SetDrained(ctx, "a", true), IsOk());
+  ASSERT_THAT(registry_.SetDrained(ctx, "b", true), IsOk());
+  ASSERT_TRUE(AdvanceUntil([&] { return AllEmpty(a) && AllEmpty(b); }));
+  AdvanceUntil([] { return false; }, absl::Seconds(4));
+  EXPECT_TRUE(AllEmpty(a));
+  EXPECT_TRUE(AllEmpty(b));
+  EXPECT_EQ(tracker_.OwnedBy(""), 0);
+  absl::StatusOr<RegistryDescription> d = registry_.Describe(ctx);
+  ASSERT_THAT(d.status(), IsOk());
+  for (const MemberDescription& m : d->kinds["vm"].members) {
+    EXPECT_FALSE(m.held.has_value()) << m.id;
+  }
+  // One pod back: it takes the whole ring.
+  ASSERT_THAT(registry_.SetDrained(ctx, "a", false), IsOk());
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  EXPECT_TRUE(AllEmpty(b));
+}
+
+TEST_F(NodeManagerTest, PodDrainedBeforeItJoinsNeverOwnsAnything) {
+  Context ctx = Context::Background(&clock_);
+  ASSERT_THAT(registry_.SetDrained(ctx, "c", true), IsOk());
+  NodeManager& a = StartPod("a");
+  NodeManager& c = StartPod("c");
+  // c registers and renews, but a keeps the whole ring.
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  AdvanceUntil([] { return false; }, absl::Seconds(4));
+  EXPECT_TRUE(Balanced({&a}, 2));
+  EXPECT_TRUE(AllEmpty(c));
+  EXPECT_EQ(c.stats().grants, 0);
+  EXPECT_TRUE(c.stats().drained);
+  for (const NodeState& n : c.Nodes()) EXPECT_TRUE(n.registered) << n.id;
+}
+
+TEST_F(NodeManagerTest,
+       DrainedNodeThatRefusesItsShrinkKeepsItsShardsMeanwhile) {
+  std::atomic<int>& refusals = refusals_;
+  NodeManagerOptions options = Options("b", &registry_);
+  options.kinds[0].factory = [this](const NodeInfo& info) {
+    return std::make_unique<RefusingNode>(info.id, &tracker_, &refusals_);
+  };
+  NodeManager& a = StartPod("a");
+  NodeManager& b = StartPodWith(std::move(options));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  refusals = 4;
+  ASSERT_THAT(registry_.SetDrained(Context::Background(&clock_), "b", true),
+              IsOk());
+  // While b refuses, its record stays and a is not granted its shards (the
+  // tracker would see two owners); once b accepts, a takes everything.
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2) && AllEmpty(b); }));
+  EXPECT_GE(b.stats().update_failures, 4);
+}
+
+TEST_F(NodeManagerTest, FaultyRegistryRefusesDrainsAndDescribeWhileDown) {
+  Context ctx = Context::Background(&clock_);
+  faulty_.SetDown(true);
+  EXPECT_THAT(faulty_.SetDrained(ctx, "a", true),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(faulty_.Describe(ctx).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  faulty_.SetDown(false);
+  ASSERT_THAT(faulty_.SetDrained(ctx, "a", true), IsOk());
+  absl::StatusOr<RegistryDescription> d = faulty_.Describe(ctx);
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_TRUE(d->drained.contains("a"));
+}
+
+TEST(NodeRegistryHelpersTest, ShareMembersLeavesDrainedPodsOut) {
+  EXPECT_EQ(PodOfNodeId("pod-a/vm/3"), "pod-a");
+  EXPECT_EQ(PodOfNodeId("odd"), "odd");
+  std::vector<std::string> members = {"a/vm/0", "a/vm/1", "ab/vm/0", "b/vm/0"};
+  EXPECT_EQ(ShareMembers(members, {}), members);
+  EXPECT_THAT(ShareMembers(members, {"a"}),
+              ::testing::ElementsAre("ab/vm/0", "b/vm/0"));
+  EXPECT_THAT(ShareMembers(members, {"a", "ab", "b"}), IsEmpty());
+  EXPECT_THAT(ValidatePodId("pod-a"), IsOk());
+  for (const char* bad : {"", "a/b", "a b", "a\n"}) {
+    EXPECT_THAT(ValidatePodId(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("pod id")))
+        << bad;
+  }
+}
+
 TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
   InMemoryNodeRegistry registry;
   auto factory = [](const NodeInfo&) -> std::unique_ptr<Node> {

@@ -178,5 +178,101 @@ TEST_F(InMemoryNodeRegistryTest, AVersionOlderThanOneSeenStartsANewEpoch) {
   EXPECT_GE(r->grants_from, clock_.Now() + absl::Seconds(3));
 }
 
+TEST_F(InMemoryNodeRegistryTest, DrainedPodsAreInEveryPollUntilUndrained) {
+  std::atomic<int> changes{0};
+  int64_t id = registry_.AddChangeListener([&] { ++changes; });
+  ASSERT_THAT(Poll({"a/vm/0", "b/vm/0"}).status(), IsOk());
+  const int joined = changes.load();
+  auto before = Poll({"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(before.status(), IsOk());
+  EXPECT_THAT(before->drained, IsEmpty());
+  ASSERT_THAT(registry_.SetDrained(ctx_, "b", true), IsOk());
+  EXPECT_EQ(changes.load(), joined + 1);
+  // Setting what is set changes nothing and announces nothing.
+  ASSERT_THAT(registry_.SetDrained(ctx_, "b", true), IsOk());
+  ASSERT_THAT(registry_.SetDrained(ctx_, "nobody", false), IsOk());
+  EXPECT_EQ(changes.load(), joined + 1);
+  auto r = Poll({"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->drained, ElementsAre("b"));
+  EXPECT_EQ(r->epoch, before->epoch) << "a drain is no new epoch";
+  EXPECT_GT(r->version, before->version + 1) << "the drain is a write";
+  // Members stay members: only the NodeManagers leave them out of the ring.
+  EXPECT_THAT(r->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
+  EXPECT_THAT(ShareMembers(r->kinds["vm"].members, r->drained),
+              ElementsAre("a/vm/0"));
+  ASSERT_THAT(registry_.SetDrained(ctx_, "b", false), IsOk());
+  EXPECT_EQ(changes.load(), joined + 2);
+  r = Poll({"a/vm/0", "b/vm/0"});
+  EXPECT_THAT(r->drained, IsEmpty());
+  for (const char* bad : {"", "b/vm/0", "with space", "\x01"}) {
+    EXPECT_THAT(registry_.SetDrained(ctx_, bad, true),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("pod id")))
+        << bad;
+  }
+  registry_.RemoveChangeListener(id);
+}
+
+TEST_F(InMemoryNodeRegistryTest, DescribeShowsEverythingAndChangesNothing) {
+  ASSERT_THAT(registry_
+                  .Poll(ctx_, {.kinds = {{"vm", {"a/vm/0", "b/vm/0"}}},
+                               .lease = absl::Seconds(3),
+                               .ring_sizes = {{"vm", 64}}})
+                  .status(),
+              IsOk());
+  auto polled = Poll({"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(polled.status(), IsOk());
+  auto token = Grant("a/vm/0", {0, 32});
+  ASSERT_THAT(token.status(), IsOk());
+  ASSERT_THAT(registry_.SetDrained(ctx_, "b", true), IsOk());
+  const absl::Time drained_at = clock_.Now();
+  clock_.AdvanceTime(absl::Seconds(1));
+  auto d = registry_.Describe(ctx_);
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_EQ(d->epoch, polled->epoch);
+  EXPECT_EQ(d->version, polled->version + 2);  // The grant and the drain.
+  EXPECT_EQ(d->server_time, clock_.Now());
+  EXPECT_EQ(d->grants_from, polled->grants_from);
+  ASSERT_EQ(d->drained.size(), 1u);
+  EXPECT_EQ(d->drained.at("b"), drained_at);
+  EXPECT_THAT(d->warnings, IsEmpty());
+  ASSERT_TRUE(d->kinds.contains("vm"));
+  const KindDescription& vm = d->kinds.at("vm");
+  EXPECT_EQ(vm.ring_size, 64u);
+  EXPECT_EQ(vm.last_token, *token);
+  ASSERT_EQ(vm.members.size(), 2u);
+  EXPECT_EQ(vm.members[0].id, "a/vm/0");
+  EXPECT_EQ(vm.members[0].lease_expiry, drained_at + absl::Seconds(3));
+  EXPECT_EQ(vm.members[0].held, (ShardAssignment{{0, 32}, *token}));
+  EXPECT_EQ(vm.members[1].id, "b/vm/0");
+  EXPECT_FALSE(vm.members[1].held.has_value());
+  // Reading expires nothing and advances nothing: past the lease the
+  // members are still listed, with a lease that ended.
+  clock_.AdvanceTime(absl::Seconds(5));
+  auto later = registry_.Describe(ctx_);
+  ASSERT_THAT(later.status(), IsOk());
+  EXPECT_EQ(later->version, d->version);
+  ASSERT_EQ(later->kinds.at("vm").members.size(), 2u);
+  EXPECT_LE(later->kinds.at("vm").members[0].lease_expiry, later->server_time);
+  // The next poll drops them.
+  auto r = Poll({});
+  EXPECT_THAT(r->kinds["vm"].members, IsEmpty());
+}
+
+TEST_F(InMemoryNodeRegistryTest, DrainsAreForgottenWithTheStateAndRestored) {
+  ASSERT_THAT(Poll({"a/vm/0"}).status(), IsOk());
+  ASSERT_THAT(registry_.SetDrained(ctx_, "a", true), IsOk());
+  InMemoryNodeRegistry::Snapshot drained = registry_.TakeSnapshot();
+  registry_.ForgetEverything(absl::Seconds(3));
+  auto r = Poll({"a/vm/0"});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->drained, IsEmpty());
+  registry_.Restore(drained);
+  r = Poll({"a/vm/0"});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->drained, ElementsAre("a"));
+}
+
 }  // namespace
 }  // namespace setpoint

@@ -29,6 +29,10 @@
 // restart, empty or from an older snapshot), every node stops and no grant
 // is made for one lease.
 //
+// A drained pod (NodeRegistry::SetDrained, `setpointctl drain`) counts for
+// no share: every manager computes targets without its nodes, so they shrink
+// to the empty range by the same path, keep renewing and stay idle.
+//
 // A node whose Run fails is given the empty range, deregistered (so others
 // take its shards), and restarted after a backoff. A node whose
 // UpdateShardRange returns an error keeps its shards recorded (nobody else
@@ -146,6 +150,9 @@ struct NodeState {
   bool registered = false;
   bool running = false;  // Run is executing (not failed, not stopped).
   int restarts = 0;
+  // Its pod is drained (NodeRegistry::SetDrained, as of the last poll): it
+  // gets no share of the ring until undrained.
+  bool drained = false;
 };
 
 // Counters for operators and tests.
@@ -162,6 +169,9 @@ struct NodeManagerStats {
   int64_t update_failures = 0;    // ...that returned an error (retried).
   int64_t nudges = 0;             // Change announcements received.
   int64_t nudges_deferred = 0;    // ...that had to wait for the rate limit.
+  // Not a counter: the last poll found this pod drained, so its nodes give
+  // up their shards and stay idle until undrained.
+  bool drained = false;
 };
 
 class NodeManager {
@@ -282,6 +292,8 @@ class NodeManager {
   // When the last renewal that succeeded was sent (manager's clock).
   absl::Time renewed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   NodeManagerStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last poll found this pod drained.
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
   // Poll failures in a row, and when one was last logged (rate limit).
   int64_t failure_streak_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_poll_error_ ABSL_GUARDED_BY(mu_);

@@ -14,14 +14,25 @@
 // Lease expiry is decided by the registry's own clock (the Redis server's
 // for Redis), never by the caller's, so pods with skewed clocks agree.
 //
-// Thread safety: implementations are thread-safe.
+// Operators drain a pod with SetDrained: every NodeManager then shares the
+// ring only among the nodes of pods that are not drained (ShareMembers), so
+// the drained pod's nodes hand their shards over by the usual graceful path
+// and stay idle, still renewing their leases. Describe reads everything the
+// registry records, for operator tools (setpointctl); it changes nothing.
+//
+// Thread safety: implementations are thread-safe. The request, result and
+// description structs are plain values; PodOfNodeId, ShareMembers and
+// ValidatePodId are pure functions, safe from any thread.
 #ifndef SETPOINT_NODE_NODE_REGISTRY_H_
 #define SETPOINT_NODE_NODE_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +50,9 @@ struct PollRequest {
   std::map<std::string, std::vector<std::string>> kinds = {};
   // How long the leases last from the registry's "now".
   absl::Duration lease = absl::Seconds(3);
+  // Kind -> shards in its ring, recorded for operator tools (Describe).
+  // Optional: a kind missing here is recorded as before.
+  std::map<std::string, uint32_t> ring_sizes = {};
   // The highest PollResult::version this pod has seen (0: none). A registry
   // whose state is older than that went back in time (a restore from an
   // older snapshot, a failover that lost writes): it starts a new epoch.
@@ -72,7 +86,66 @@ struct PollResult {
   // The registry's clock when it served the poll (with grants_from, tells
   // how long grants stay refused).
   absl::Time server_time = absl::InfinitePast();
+  // Pods an operator drained (SetDrained): their nodes get no share of the
+  // ring (ShareMembers) until undrained.
+  std::set<std::string> drained;
 };
+
+// One node as the registry records it (Describe).
+struct MemberDescription {
+  std::string id;
+  // When its lease ends on the registry's clock. At or before
+  // RegistryDescription::server_time: expired (the next poll of its kind
+  // drops it with what it holds).
+  absl::Time lease_expiry = absl::InfinitePast();
+  // What it holds; empty when nothing is recorded or the record does not
+  // parse (then a warning names it).
+  std::optional<ShardAssignment> held;
+};
+
+// One kind as the registry records it (Describe).
+struct KindDescription {
+  // Shards in the kind's ring, as the pods' last polls recorded it; 0 when
+  // unknown (a warning says why).
+  uint32_t ring_size = 0;
+  // Every recorded member, live or expired, sorted by id.
+  std::vector<MemberDescription> members;
+  // The last token granted in the kind (0: none).
+  uint64_t last_token = 0;
+};
+
+// Everything the registry records, for operators (Describe).
+struct RegistryDescription {
+  // As in PollResult; the epoch is empty when the registry has no state yet
+  // (no pod polled).
+  std::string epoch;
+  uint64_t version = 0;
+  absl::Time server_time = absl::InfinitePast();
+  absl::Time grants_from = absl::InfinitePast();
+  // Drained pod -> when it was drained (registry clock; InfinitePast when
+  // the recorded time does not parse: the pod still counts as drained).
+  std::map<std::string, absl::Time> drained;
+  std::map<std::string, KindDescription> kinds;
+  // What the registry holds that its users would ignore or repair (values
+  // that do not parse, members that get no share, a state the next poll
+  // replaces with a new epoch), one line each, naming the key.
+  std::vector<std::string> warnings;
+};
+
+// The pod part of a node id "<pod>/<kind>/<index>" (the whole id when it has
+// no '/').
+std::string_view PodOfNodeId(std::string_view node_id);
+
+// The members that share the ring: `members` (sorted) without the nodes of
+// `drained` pods. Every NodeManager computes targets over these, so the
+// nodes of a drained pod get the empty range; when every pod is drained
+// nobody gets anything.
+std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
+                                      const std::set<std::string>& drained);
+
+// Checks an id given to SetDrained: non-empty, printable ASCII without
+// spaces or '/'. kInvalidArgument naming it otherwise.
+absl::Status ValidatePodId(std::string_view pod_id);
 
 class NodeRegistry {
  public:
@@ -122,6 +195,21 @@ class NodeRegistry {
   // Removes the nodes and what they hold (graceful leave).
   virtual absl::Status Deregister(const Context& ctx, const std::string& kind,
                                   const std::vector<std::string>& node_ids) = 0;
+
+  // Marks `pod_id` drained (true) or not (false) for every kind; announces
+  // the change when there is one (setting what is already set is OK and
+  // changes nothing). A pod need not be a member: the flag waits for it.
+  // Errors: kInvalidArgument for a bad pod id (ValidatePodId); kDataLoss
+  // when the registry's drain record is of another type; unreachable as
+  // for Poll.
+  virtual absl::Status SetDrained(const Context& ctx, const std::string& pod_id,
+                                  bool drained) = 0;
+
+  // Everything the registry records right now, read at once, without
+  // changing anything (no renewal, no expiry, no new epoch).
+  // Errors: kDataLoss when a key holds another type; unreachable as for
+  // Poll.
+  virtual absl::StatusOr<RegistryDescription> Describe(const Context& ctx) = 0;
 
   // `listener` runs (on a registry thread, or on the caller of a changing
   // operation) after any change by anyone, so pollers can look at once

@@ -6,9 +6,9 @@
 //   InMemoryNodeRegistry registry;                 // real clock
 //   NodeManager manager({.registry = &registry, ...});
 //
-// ForgetEverything() plays a registry that lost its state (a Redis restart
-// without persistence), for tests of the epoch rule. Tokens keep growing
-// across it, as they do on Redis.
+// ForgetEverything() plays a registry that lost its state, drain flags
+// included (a Redis restart without persistence), for tests of the epoch rule.
+// Tokens keep growing across it, as they do on Redis.
 //
 // Thread safety: thread-safe. Change listeners run on the thread whose
 // operation changed something, after the registry's state lock is released;
@@ -49,6 +49,9 @@ class InMemoryNodeRegistry : public NodeRegistry {
                                  const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
+  absl::Status SetDrained(const Context& ctx, const std::string& pod_id,
+                          bool drained) override;
+  absl::StatusOr<RegistryDescription> Describe(const Context& ctx) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
   void RemoveChangeListener(int64_t id) override;
 
@@ -78,6 +81,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
     std::map<std::string, absl::Time> expiry;  // Live members' leases.
     std::map<std::string, ShardAssignment> held;
     uint64_t last_token = 0;
+    uint32_t ring_size = 0;  // From the last poll that gave one.
   };
   // Drops members of `kind` whose lease ended by `now`; true if any.
   static bool Expire(Kind& kind, absl::Time now);
@@ -87,6 +91,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
  public:
   struct Snapshot {
     std::map<std::string, Kind> kinds;
+    std::map<std::string, absl::Time> drained;
     std::string epoch;
     absl::Time grants_from;
     uint64_t version = 0;
@@ -96,6 +101,8 @@ class InMemoryNodeRegistry : public NodeRegistry {
   Clock* const clock_;
   mutable Mutex mu_;
   std::map<std::string, Kind> kinds_ ABSL_GUARDED_BY(mu_);
+  // Drained pod -> when it was drained.
+  std::map<std::string, absl::Time> drained_ ABSL_GUARDED_BY(mu_);
   std::string epoch_ ABSL_GUARDED_BY(mu_);
   uint64_t epochs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time grants_from_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

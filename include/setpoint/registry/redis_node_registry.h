@@ -89,6 +89,9 @@ class RedisNodeRegistry : public NodeRegistry {
                                  const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
+  absl::Status SetDrained(const Context& ctx, const std::string& pod_id,
+                          bool drained) override;
+  absl::StatusOr<RegistryDescription> Describe(const Context& ctx) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
   void RemoveChangeListener(int64_t id) override;
 

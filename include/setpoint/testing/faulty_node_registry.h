@@ -93,6 +93,15 @@ class FaultyNodeRegistry : public NodeRegistry {
     if (absl::Status s = Fault("deregister"); !s.ok()) return s;
     return base_->Deregister(ctx, kind, node_ids);
   }
+  absl::Status SetDrained(const Context& ctx, const std::string& pod_id,
+                          bool drained) override {
+    if (absl::Status s = Fault("set drained"); !s.ok()) return s;
+    return base_->SetDrained(ctx, pod_id, drained);
+  }
+  absl::StatusOr<RegistryDescription> Describe(const Context& ctx) override {
+    if (absl::Status s = Fault("describe"); !s.ok()) return s;
+    return base_->Describe(ctx);
+  }
   // Notifications still arrive while down: they only make pollers look.
   int64_t AddChangeListener(std::function<void()> listener) override {
     int64_t id = base_->AddChangeListener(listener);

@@ -103,14 +103,17 @@ local function parse_gf(gfs)
 end
 )lua";
 
-// KEYS: epoch, grants_from, run, version, then members, held, token per kind.
+// KEYS: epoch, grants_from, run, version, drained, kinds, then members,
+// held, token per kind.
 // ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
-// then per kind: kind, n, ids...
+// then per kind: kind, ring size ('' for none), n, ids...
 // Starts a new epoch when the state is missing, was written under another
 // server run (a restart or failover: it may be an older snapshot) or is
 // older than a version the caller saw; renews the given members, expires
 // dead ones with their held ranges, and returns
-// {epoch, grants_from, now, version, new_epoch_reason, views, warnings}.
+// {epoch, grants_from, now, version, new_epoch_reason, views, warnings,
+// drained}, and records each kind (with its ring size, when given) for
+// Describe.
 constexpr char kPollScript[] = R"lua(
 local now = now_ms()
 local lease = tonumber(ARGV[1])
@@ -121,8 +124,12 @@ for i = 1, 4 do
   local e = wrong_type(KEYS[i], 'string')
   if e then return redis.error_reply(e) end
 end
+do
+  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash')
+  if e then return redis.error_reply(e) end
+end
 for k = 1, nkinds do
-  local b = 4 + 3 * (k - 1)
+  local b = 6 + 3 * (k - 1)
   local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
             wrong_type(KEYS[b + 3], 'string')
   if e then return redis.error_reply(e) end
@@ -179,11 +186,19 @@ local views = {}
 local ai = 7
 local horizon = now + 2 * lease
 for k = 1, nkinds do
-  local b = 4 + 3 * (k - 1)
+  local b = 6 + 3 * (k - 1)
   local members, held = KEYS[b + 1], KEYS[b + 2]
   local kind = ARGV[ai]
-  local n = tonumber(ARGV[ai + 1])
-  ai = ai + 2
+  local ring = ARGV[ai + 1]
+  local n = tonumber(ARGV[ai + 2])
+  ai = ai + 3
+  if ring ~= '' then
+    if redis.call('HGET', KEYS[6], kind) ~= ring then
+      redis.call('HSET', KEYS[6], kind, ring)
+    end
+  elseif redis.call('HEXISTS', KEYS[6], kind) == 0 then
+    redis.call('HSET', KEYS[6], kind, '')
+  end
   local dead = redis.call('ZRANGEBYSCORE', members, '-inf', num(now))
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', members, '-inf', num(now))
@@ -228,7 +243,8 @@ for k = 1, nkinds do
   table.insert(views, redis.call('HGETALL', held))
 end
 if changed then redis.call('PUBLISH', ARGV[3], ARGV[6]) end
-return {epoch, num(gf), num(now), version, reason, views, warnings}
+return {epoch, num(gf), num(now), version, reason, views, warnings,
+        redis.call('HGETALL', KEYS[5])}
 )lua";
 
 // KEYS: members, held, version. ARGV: node, begin, end, token, channel,
@@ -358,6 +374,68 @@ bump_version(KEYS[3])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 'OK'
 )lua";
+
+// KEYS: drained, version. ARGV: pod, '1' (drain) or '0' (undrain), channel,
+// message.
+// Records (or removes) the pod's drain flag, the server time in ms when it
+// was drained; returns 'OK' after a change, 'UNCHANGED' when it was so.
+constexpr char kDrainScript[] = R"lua(
+local e = wrong_type(KEYS[1], 'hash') or wrong_type(KEYS[2], 'string')
+if e then return redis.error_reply(e) end
+if ARGV[2] == '1' then
+  local now = now_ms()
+  if redis.call('HSETNX', KEYS[1], ARGV[1], num(now)) == 0 then
+    return 'UNCHANGED'
+  end
+elseif redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then
+  return 'UNCHANGED'
+end
+bump_version(KEYS[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 'OK'
+)lua";
+
+// KEYS: kinds. The kinds the pods recorded (with their ring sizes), for
+// Describe to name their keys.
+constexpr char kKindsScript[] = R"lua(
+local e = wrong_type(KEYS[1], 'hash')
+if e then return redis.error_reply(e) end
+return redis.call('HKEYS', KEYS[1])
+)lua";
+
+// KEYS: epoch, grants_from, run, version, drained, kinds, then members,
+// held, token per kind.
+// Reads everything at once and changes nothing: {epoch, grants_from, now,
+// version, run_matches, drained, kinds, {members with scores, held, token}
+// per kind}; a missing value is ''.
+constexpr char kDescribeScript[] = R"lua(
+local now = now_ms()
+for i = 1, 4 do
+  local e = wrong_type(KEYS[i], 'string')
+  if e then return redis.error_reply(e) end
+end
+do
+  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash')
+  if e then return redis.error_reply(e) end
+end
+local per = {}
+for b = 7, #KEYS, 3 do
+  local e = wrong_type(KEYS[b], 'zset') or wrong_type(KEYS[b + 1], 'hash') or
+            wrong_type(KEYS[b + 2], 'string')
+  if e then return redis.error_reply(e) end
+  table.insert(per, redis.call('ZRANGE', KEYS[b], 0, -1, 'WITHSCORES'))
+  table.insert(per, redis.call('HGETALL', KEYS[b + 1]))
+  table.insert(per, redis.call('GET', KEYS[b + 2]) or '')
+end
+local run_matches = '1'
+if redis.call('GET', KEYS[3]) ~= run_id() then run_matches = '0' end
+return {redis.call('GET', KEYS[1]) or '', redis.call('GET', KEYS[2]) or '',
+        num(now), redis.call('GET', KEYS[4]) or '', run_matches,
+        redis.call('HGETALL', KEYS[5]), redis.call('HGETALL', KEYS[6]), per}
+)lua";
+
+// Describe reads at most this many kinds (the rest are named in a warning).
+constexpr size_t kDescribeMaxKinds = 256;
 
 std::string RandomEpoch() {
   std::random_device rd;
@@ -556,6 +634,9 @@ struct RedisNodeRegistry::Impl {
   RedisScript release{std::string(kPrelude) + kReleaseScript};
   RedisScript grant{std::string(kPrelude) + kGrantScript};
   RedisScript deregister{std::string(kPrelude) + kDeregisterScript};
+  RedisScript drain{std::string(kPrelude) + kDrainScript};
+  RedisScript kinds{std::string(kPrelude) + kKindsScript};
+  RedisScript describe{std::string(kPrelude) + kDescribeScript};
 
   struct WarnState {
     absl::Time last;
@@ -604,8 +685,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                      absl::FormatDuration(request.lease)));
   }
   Impl& d = *impl_;
-  std::vector<std::string> keys = {d.Key("epoch"), d.Key("grants_from"),
-                                   d.Key("run"), d.Key("version")};
+  std::vector<std::string> keys = {d.Key("epoch"),   d.Key("grants_from"),
+                                   d.Key("run"),     d.Key("version"),
+                                   d.Key("drained"), d.Key("kinds")};
   std::vector<std::string> args = {
       // A new id each time: the one written when a new epoch starts must
       // differ from every epoch anyone saw before.
@@ -622,6 +704,10 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
     keys.push_back(d.KindKey(kind, "held"));
     keys.push_back(d.KindKey(kind, "token"));
     args.push_back(kind);
+    auto ring = request.ring_sizes.find(kind);
+    args.push_back(ring == request.ring_sizes.end()
+                       ? std::string()
+                       : absl::StrCat(ring->second));
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
@@ -698,6 +784,61 @@ absl::Status RedisNodeRegistry::Deregister(
              d.Key("version")},
             args, absl::StrCat("deregister kind=", kind))
       .status();
+}
+
+absl::Status RedisNodeRegistry::SetDrained(const Context& ctx,
+                                           const std::string& pod_id,
+                                           bool drained) {
+  const std::string what =
+      absl::StrCat(drained ? "drain" : "undrain", " pod=", pod_id);
+  if (absl::Status s = ValidatePodId(pod_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  }
+  Impl& d = *impl_;
+  return d
+      .Eval(ctx, d.drain, {d.Key("drained"), d.Key("version")},
+            {pod_id, drained ? "1" : "0", d.channel, d.instance}, what)
+      .status();
+}
+
+absl::StatusOr<RegistryDescription> RedisNodeRegistry::Describe(
+    const Context& ctx) {
+  Impl& d = *impl_;
+  // Two round trips: the kinds name the keys the second one reads at once.
+  absl::StatusOr<RedisReply> names =
+      d.Eval(ctx, d.kinds, {d.Key("kinds")}, {}, "describe");
+  if (!names.ok()) return names.status();
+  std::vector<std::string> kinds;
+  std::vector<std::string> warnings;
+  if (names->type == RedisReply::Type::kArray) {
+    for (const RedisReply& name : names->elements) kinds.push_back(name.str);
+  }
+  std::sort(kinds.begin(), kinds.end());
+  if (kinds.size() > kDescribeMaxKinds) {
+    warnings.push_back(absl::StrCat("key ", d.Key("kinds"), " names ",
+                                    kinds.size(), " kinds; only the first ",
+                                    kDescribeMaxKinds, " are described"));
+    kinds.resize(kDescribeMaxKinds);
+  }
+  std::vector<std::string> keys = {d.Key("epoch"),   d.Key("grants_from"),
+                                   d.Key("run"),     d.Key("version"),
+                                   d.Key("drained"), d.Key("kinds")};
+  for (const std::string& kind : kinds) {
+    keys.push_back(d.KindKey(kind, "members"));
+    keys.push_back(d.KindKey(kind, "held"));
+    keys.push_back(d.KindKey(kind, "token"));
+  }
+  absl::StatusOr<RedisReply> reply =
+      d.Eval(ctx, d.describe, keys, {}, "describe");
+  if (!reply.ok()) return reply.status();
+  absl::StatusOr<RegistryDescription> out =
+      redis::DecodeDescribeReply(*reply, kinds);
+  if (!out.ok()) return out.status();
+  for (std::string& w : out->warnings) {
+    w = absl::StrCat(d.prefix, ": ", w);
+  }
+  out->warnings.insert(out->warnings.begin(), warnings.begin(), warnings.end());
+  return out;
 }
 
 int64_t RedisNodeRegistry::AddChangeListener(std::function<void()> listener) {

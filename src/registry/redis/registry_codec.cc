@@ -1,10 +1,13 @@
 #include "registry/redis/registry_codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -51,6 +54,83 @@ bool IsText(const RedisReply& r) {
          r.type == RedisReply::Type::kStatus;
 }
 
+// A server time in ms as the scripts write it (decimal, below 2^63 / 1000).
+bool ParseMillis(absl::string_view text, absl::Time* out) {
+  uint64_t ms = 0;
+  if (!ParseDecimal(text, &ms) ||
+      ms > static_cast<uint64_t>(std::numeric_limits<int64_t>::max() / 1000)) {
+    return false;
+  }
+  *out = absl::FromUnixMillis(static_cast<int64_t>(ms));
+  return true;
+}
+
+// The drained hash's HGETALL: pod id -> drain time in ms. An id that is not
+// a pod id drains nothing; a time that does not parse still drains (the
+// flag is the field; the time only informs). False if not pairs of text.
+bool DecodeDrained(const RedisReply& pairs,
+                   std::map<std::string, absl::Time>* drained,
+                   std::vector<std::string>* warnings) {
+  if (pairs.type != RedisReply::Type::kArray || pairs.elements.size() % 2) {
+    return false;
+  }
+  for (size_t i = 0; i + 1 < pairs.elements.size(); i += 2) {
+    const RedisReply& pod = pairs.elements[i];
+    const RedisReply& since = pairs.elements[i + 1];
+    if (!IsText(pod) || !IsText(since)) return false;
+    if (absl::Status s = ValidatePodId(pod.str); !s.ok()) {
+      warnings->push_back(absl::StrCat("drain flag ", Quote(pod.str),
+                                       " does not name a pod and drains "
+                                       "nothing: ",
+                                       s.message()));
+      continue;
+    }
+    absl::Time at = absl::InfinitePast();
+    if (!ParseMillis(since.str, &at)) {
+      warnings->push_back(absl::StrCat(
+          "drain flag of pod ", Quote(pod.str), " holds ", Quote(since.str),
+          ", not a server time in ms; the pod counts as drained all the "
+          "same (undrain it to remove the flag)"));
+    }
+    (*drained)[pod.str] = at;
+  }
+  return true;
+}
+
+// A member id the scripts give a share: "<pod>/<kind>/<index>" of `kind`,
+// at most 512 bytes, no control bytes or spaces.
+bool IsMemberId(absl::string_view id, absl::string_view kind) {
+  if (id.size() > 512) return false;
+  for (char c : id) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f || c == ' ') return false;
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(id, '/');
+  if (parts.size() != 3 || parts[0].empty() || parts[1] != kind ||
+      parts[2].empty()) {
+    return false;
+  }
+  return std::all_of(parts[2].begin(), parts[2].end(), [](char c) {
+    return absl::ascii_isdigit(static_cast<unsigned char>(c));
+  });
+}
+
+// A sorted-set score as Redis prints it: ms as an integer, or a double
+// someone else wrote ("inf", "1.5e+20"). Clamped to the representable.
+bool ParseScore(absl::string_view text, absl::Time* out) {
+  if (ParseMillis(text, out)) return true;
+  double v = 0;
+  if (!absl::SimpleAtod(text, &v) || std::isnan(v)) return false;
+  if (v >= 9e15) {
+    *out = absl::InfiniteFuture();
+  } else if (v <= 0) {
+    *out = absl::InfinitePast();
+  } else {
+    *out = absl::FromUnixMillis(static_cast<int64_t>(v));
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
@@ -82,8 +162,8 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
     const RedisReply& reply, const std::vector<std::string>& kinds) {
   if (reply.type != RedisReply::Type::kArray) return Shape("not an array");
   const auto& e = reply.elements;
-  if (e.size() != 7) {
-    return Shape(absl::StrCat(e.size(), " elements, expected 7"));
+  if (e.size() != 8) {
+    return Shape(absl::StrCat(e.size(), " elements, expected 8"));
   }
   for (int i : {0, 1, 2, 3, 4}) {
     if (!IsText(e[i])) return Shape(absl::StrCat("element ", i, " not text"));
@@ -120,6 +200,11 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
     if (!IsText(w)) return Shape("a warning that is not text");
     out.warnings.push_back(w.str);
   }
+  std::map<std::string, absl::Time> drained;
+  if (!DecodeDrained(e[7], &drained, &out.warnings)) {
+    return Shape("drained pods are not pairs of text");
+  }
+  for (const auto& [pod, since] : drained) result.drained.insert(pod);
   for (size_t k = 0; k < kinds.size(); ++k) {
     const RedisReply& members = e[5].elements[2 * k];
     const RedisReply& held = e[5].elements[2 * k + 1];
@@ -157,6 +242,148 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
     }
   }
   return out;
+}
+
+absl::StatusOr<RegistryDescription> DecodeDescribeReply(
+    const RedisReply& reply, const std::vector<std::string>& kinds) {
+  auto shape = [](absl::string_view what) {
+    return absl::InternalError(
+        absl::StrCat("describe: unexpected reply from the script: ", what));
+  };
+  if (reply.type != RedisReply::Type::kArray) return shape("not an array");
+  const auto& e = reply.elements;
+  if (e.size() != 8) {
+    return shape(absl::StrCat(e.size(), " elements, expected 8"));
+  }
+  for (int i : {0, 1, 2, 3, 4}) {
+    if (!IsText(e[i])) return shape(absl::StrCat("element ", i, " not text"));
+  }
+  if (e[7].type != RedisReply::Type::kArray ||
+      e[7].elements.size() != 3 * kinds.size()) {
+    return shape("kinds do not match the kinds asked for");
+  }
+  if (e[6].type != RedisReply::Type::kArray || e[6].elements.size() % 2) {
+    return shape("ring sizes are not pairs");
+  }
+  RegistryDescription d;
+  std::vector<std::string>& warnings = d.warnings;
+  if (!ParseMillis(e[2].str, &d.server_time)) {
+    return shape(absl::StrCat("server time ", Quote(e[2].str)));
+  }
+  d.epoch = e[0].str;
+  if (d.epoch.empty()) {
+    warnings.push_back(
+        "no epoch: no pod has polled yet (or redis lost its data); the "
+        "first poll starts one and refuses grants for one lease");
+  } else if (e[4].str != "1") {
+    warnings.push_back(
+        "the state was written under another redis server run (a restart "
+        "or a failover): the next poll starts a new epoch");
+  }
+  if (!e[1].str.empty() && !ParseMillis(e[1].str, &d.grants_from)) {
+    d.grants_from = absl::InfinitePast();
+    warnings.push_back(absl::StrCat("grants_from holds ", Quote(e[1].str),
+                                    ", not a server time in ms; the next "
+                                    "poll resets it to one lease from now"));
+  }
+  if (!e[3].str.empty() && !ParseDecimal(e[3].str, &d.version)) {
+    warnings.push_back(absl::StrCat("version holds ", Quote(e[3].str),
+                                    ", not a version; the next poll starts a "
+                                    "new epoch"));
+  }
+  if (!DecodeDrained(e[5], &d.drained, &warnings)) {
+    return shape("drained pods are not pairs of text");
+  }
+  std::map<std::string, std::string> rings;
+  for (size_t i = 0; i + 1 < e[6].elements.size(); i += 2) {
+    if (!IsText(e[6].elements[i]) || !IsText(e[6].elements[i + 1])) {
+      return shape("a ring size that is not text");
+    }
+    rings[e[6].elements[i].str] = e[6].elements[i + 1].str;
+  }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    const std::string& name = kinds[k];
+    const RedisReply& members = e[7].elements[3 * k];
+    const RedisReply& held = e[7].elements[3 * k + 1];
+    const RedisReply& token = e[7].elements[3 * k + 2];
+    if (members.type != RedisReply::Type::kArray ||
+        members.elements.size() % 2 || held.type != RedisReply::Type::kArray ||
+        held.elements.size() % 2 || !IsText(token)) {
+      return shape(absl::StrCat("kind ", Quote(name)));
+    }
+    KindDescription& kind = d.kinds[name];
+    uint64_t ring = 0;
+    auto r = rings.find(name);
+    if (r == rings.end() || !ParseDecimal(r->second, &ring) || ring == 0 ||
+        ring > std::numeric_limits<uint32_t>::max()) {
+      warnings.push_back(
+          r == rings.end() || r->second.empty()
+              ? absl::StrCat("kind ", Quote(name),
+                             ": no ring size recorded (its pods' polls give "
+                             "none)")
+              : absl::StrCat("kind ", Quote(name), ": ring size ",
+                             Quote(r->second), " is not a number of shards"));
+      ring = 0;
+    }
+    kind.ring_size = static_cast<uint32_t>(ring);
+    if (!token.str.empty() && !ParseDecimal(token.str, &kind.last_token)) {
+      kind.last_token = 0;
+      warnings.push_back(absl::StrCat(
+          "kind ", Quote(name), ": the token counter holds ", Quote(token.str),
+          ", not a token; polls fail until it is repaired"));
+    }
+    std::map<std::string, const RedisReply*> records;
+    for (size_t i = 0; i + 1 < held.elements.size(); i += 2) {
+      if (!IsText(held.elements[i]) || !IsText(held.elements[i + 1])) {
+        return shape(absl::StrCat("held entry of kind ", Quote(name)));
+      }
+      records[held.elements[i].str] = &held.elements[i + 1];
+    }
+    int bad_ids = 0;
+    for (size_t i = 0; i + 1 < members.elements.size(); i += 2) {
+      const RedisReply& id = members.elements[i];
+      const RedisReply& score = members.elements[i + 1];
+      if (!IsText(id) || !IsText(score)) {
+        return shape(absl::StrCat("member of kind ", Quote(name)));
+      }
+      MemberDescription m{.id = id.str, .lease_expiry = {}, .held = {}};
+      if (!ParseScore(score.str, &m.lease_expiry)) {
+        return shape(absl::StrCat("lease of ", Quote(id.str)));
+      }
+      if (!IsMemberId(id.str, name) && ++bad_ids <= 3) {
+        warnings.push_back(absl::StrCat("kind ", Quote(name), ": member ",
+                                        Quote(id.str), " is not \"<pod>/", name,
+                                        "/<index>\" and gets no shards"));
+      }
+      auto rec = records.find(id.str);
+      if (rec != records.end()) {
+        absl::StatusOr<ShardAssignment> a = ParseHeld(rec->second->str);
+        if (a.ok()) {
+          m.held = *a;
+        } else {
+          warnings.push_back(absl::StrCat("kind ", Quote(name), " node ",
+                                          Quote(id.str), ": ",
+                                          a.status().message()));
+        }
+        records.erase(rec);
+      }
+      kind.members.push_back(std::move(m));
+    }
+    if (bad_ids > 3) {
+      warnings.push_back(absl::StrCat("kind ", Quote(name), ": ", bad_ids - 3,
+                                      " more member ids get no shards"));
+    }
+    for (const auto& [id, value] : records) {
+      warnings.push_back(absl::StrCat("kind ", Quote(name),
+                                      ": a held record for ", Quote(id),
+                                      ", which is not a member, is ignored"));
+    }
+    std::sort(kind.members.begin(), kind.members.end(),
+              [](const MemberDescription& a, const MemberDescription& b) {
+                return a.id < b.id;
+              });
+  }
+  return d;
 }
 
 }  // namespace setpoint::redis

@@ -41,9 +41,19 @@ struct DecodedPoll {
 
 // Decodes the poll script's reply for `kinds` (in the order they were
 // sent). Members whose held value does not parse are left out of `held`
-// and reported in `warnings`. kInternal naming what was wrong when the reply
-// does not have the script's shape.
+// and reported in `warnings`; so is a drained pod whose id is not a pod id.
+// A drain flag whose time does not parse still drains its pod (reported).
+// kInternal naming what was wrong when the reply does not have the
+// script's shape.
 absl::StatusOr<DecodedPoll> DecodePollReply(
+    const RedisReply& reply, const std::vector<std::string>& kinds);
+
+// Decodes the describe script's reply for `kinds` (in the order their keys
+// were sent). Whatever does not parse is left out or unknown (held: none;
+// ring size, token: 0; drained since: InfinitePast) and reported in
+// `warnings`, never an error; kInternal only when the reply does not have
+// the script's shape.
+absl::StatusOr<RegistryDescription> DecodeDescribeReply(
     const RedisReply& reply, const std::vector<std::string>& kinds);
 
 }  // namespace setpoint::redis

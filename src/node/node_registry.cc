@@ -1,0 +1,38 @@
+#include "setpoint/node/node_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace setpoint {
+
+std::string_view PodOfNodeId(std::string_view node_id) {
+  return node_id.substr(0, node_id.find('/'));
+}
+
+std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
+                                      const std::set<std::string>& drained) {
+  if (drained.empty()) return members;
+  std::vector<std::string> out;
+  for (const std::string& id : members) {
+    if (!drained.contains(std::string(PodOfNodeId(id)))) out.push_back(id);
+  }
+  return out;
+}
+
+absl::Status ValidatePodId(std::string_view pod_id) {
+  if (pod_id.empty()) {
+    return absl::InvalidArgumentError("pod id must not be empty");
+  }
+  for (size_t i = 0; i < pod_id.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(pod_id[i]);
+    if (c <= 0x20 || c >= 0x7f || c == '/') {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pod id must be printable ASCII without spaces or '/', got \\x%02x "
+          "at byte %d",
+          c, i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace setpoint
