@@ -97,6 +97,7 @@ struct AcceptedWrite {
   std::string kind;
   uint32_t shard = 0;  // Of the key; 0 for the serial.
   uint64_t token = 0;
+  setpoint::ShardRange range = {};  // The writer's claim.
 };
 
 class FakeRecordsApi final : public RecordsApi {
@@ -259,7 +260,7 @@ class FakeRecordsApi final : public RecordsApi {
     w.token = a.token;
     w.last_write = now;
     if (options_.write_log_limit == 0) return;
-    log_.push_back({now, a.node_id, a.kind, shard, a.token});
+    log_.push_back({now, a.node_id, a.kind, shard, a.token, a.range});
     ++log_end_;
     if (log_.size() > options_.write_log_limit) log_.pop_front();
   }

@@ -225,7 +225,8 @@ class RecordsApiService {
         next -= static_cast<int64_t>(log.size()) - kMaxWritesPerPage;
         log.resize(kMaxWritesPerPage);
       }
-      // [time in µs since the epoch, node, kind, shard, token]
+      // [time in µs since the epoch, node, kind, shard, token, the claimed
+      // range's begin and end]
       std::string out = absl::StrCat("{\"next\":", next, ",\"writes\":[");
       for (size_t i = 0; i < log.size(); ++i) {
         const AcceptedWrite& w = log[i];
@@ -234,7 +235,8 @@ class RecordsApiService {
         setpoint::AppendJsonString(&out, w.node_id);
         out += ",";
         setpoint::AppendJsonString(&out, w.kind);
-        absl::StrAppend(&out, ",", w.shard, ",", w.token, "]");
+        absl::StrAppend(&out, ",", w.shard, ",", w.token, ",", w.range.begin,
+                        ",", w.range.end, "]");
       }
       out += "]}";
       res.set_content(out, "application/json");
