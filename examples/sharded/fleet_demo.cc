@@ -10,7 +10,8 @@
 // and shows the takeover, SIGSTOPs pod-b past its lease and SIGCONTs it
 // (the writes it had started send their old token when it thaws: the API
 // refuses them), drains pod-c with `setpointctl drain` and shows the
-// handover, and waits until the API holds the final catalog. It ends with
+// handover, undrains it, and waits until the API holds the final catalog. It
+// ends with
 //
 //   verdict: converged, stale writes refused N, stale writes accepted 0
 //
@@ -650,7 +651,7 @@ class Fleet {
     int n = 0;
     for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
       if (line.empty()) continue;
-      if (++n > 24) {
+      if (++n > 40) {
         Detail("  ...");
         break;
       }
@@ -893,7 +894,6 @@ int Main(const Args& args) {
       Say(absl::StrCat("takeover: pod-b and pod-c write the whole ring ",
                        Seconds(absl::Now() - t), " after the kill:"));
       Fleet::PrintClaims(claims);
-      fleet.Ctl({"status"});
     } else {
       fail("takeover after pod-a's crash not seen within 20s");
     }
@@ -975,6 +975,23 @@ int Main(const Args& args) {
                          Seconds(absl::Now() - t), " after the drain:"));
         Fleet::PrintClaims(claims);
         fleet.Ctl({"status"});
+        t = absl::Now();
+        Say("undrain pod-c: it takes its share again");
+        if (!fleet.Ctl({"undrain", "pod-c"})) {
+          fail("setpointctl undrain pod-c");
+        } else if (WaitFor(absl::Seconds(20), [&] {
+                     claims = fleet.Covering({"pod-b", "pod-c"}, t);
+                     for (const Claim& c : claims) {
+                       if (PodOf(c.node) == "pod-c") return true;
+                     }
+                     return false;
+                   })) {
+          Say(absl::StrCat("pod-c writes again ", Seconds(absl::Now() - t),
+                           " after the undrain:"));
+          Fleet::PrintClaims(claims);
+        } else {
+          fail("pod-c did not write again within 20s of the undrain");
+        }
       } else {
         fail("pod-c's handover after the drain not seen within 20s");
       }
