@@ -1068,15 +1068,18 @@ int Main(const Args& args) {
               audit.stale_accepted == 0;
   Say(absl::StrCat("done in ", Seconds(absl::Now() - g_start), "; logs in ",
                    pass && !args.keep ? "(removed)" : dir));
-  std::printf(
-      "verdict: %s, stale writes refused %lld, stale writes accepted "
-      "%lld%s\n",
-      converged ? "converged" : "NOT converged",
-      static_cast<long long>(refused),
-      static_cast<long long>(audit.stale_accepted),
-      problems.empty()
-          ? ""
-          : absl::StrCat(" (", problems.size(), " failed steps)").c_str());
+  std::string verdict = absl::StrCat(
+      converged ? "converged" : "NOT converged", ", stale writes refused ",
+      refused, ", stale writes accepted ", audit.stale_accepted);
+  if (!problems.empty()) {
+    verdict =
+        absl::StrCat("FAILED (", problems.front(),
+                     problems.size() > 1
+                         ? absl::StrCat(", and ", problems.size() - 1, " more")
+                         : "",
+                     "), ", verdict);
+  }
+  std::printf("verdict: %s\n", verdict.c_str());
   std::fflush(stdout);
   if (pass && !args.keep) {
     std::error_code ec;
