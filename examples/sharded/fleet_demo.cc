@@ -595,8 +595,16 @@ class Fleet {
 
   // ---- the pods' own view ----
 
-  void PrintMetrics(const Pod& pod, const std::vector<std::string>& wanted,
-                    size_t max_lines) {
+  // A metric to print: series named `name` whose labels hold `labels`.
+  struct Series {
+    std::string name;
+    std::string labels = "";
+  };
+
+  // Prints at most `per_name` series of each of `wanted` from the pod's
+  // /metrics.
+  void PrintMetrics(const Pod& pod, const std::vector<Series>& wanted,
+                    size_t per_name) {
     if (pod.http_port == 0) {
       Detail(pod.id +
              " /metrics: unavailable (no --http.address in this "
@@ -608,23 +616,18 @@ class Fleet {
       Detail(pod.id + " /metrics: unavailable (no answer)");
       return;
     }
-    std::vector<std::string> lines;
-    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-      if (!absl::StartsWith(line, "setpoint_")) continue;
-      bool match = wanted.empty();
-      for (const std::string& w : wanted)
-        match = match || absl::StrContains(line, w);
-      if (match) lines.emplace_back(line);
-    }
-    if (lines.empty()) {
-      Detail(pod.id + " /metrics: no matching setpoint_ series");
-      return;
-    }
-    for (size_t i = 0; i < lines.size() && i < max_lines; ++i) {
-      Detail(pod.id + " " + lines[i]);
-    }
-    if (lines.size() > max_lines) {
-      Detail(absl::StrCat(pod.id, " ... ", lines.size() - max_lines, " more"));
+    for (const Series& w : wanted) {
+      std::vector<std::string> found;
+      for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+        if (absl::StartsWith(line, w.name + "{") &&
+            absl::StrContains(line, w.labels)) {
+          found.emplace_back(line);
+        }
+      }
+      if (found.empty()) Detail(pod.id + " " + w.name + ": no series");
+      for (size_t k = 0; k < found.size() && k < per_name; ++k) {
+        Detail(pod.id + " " + found[k]);
+      }
     }
   }
 
@@ -871,11 +874,11 @@ int Main(const Args& args) {
   if (ok) {
     Say("the pods' /metrics (a few setpoint_ series):");
     for (const Pod& pod : fleet.pods()) {
-      fleet.PrintMetrics(
-          pod,
-          {"setpoint_node_shards_owned", "setpoint_syncer_operations_total",
-           "setpoint_runner_events_total"},
-          4);
+      fleet.PrintMetrics(pod,
+                         {{"setpoint_node_shards_owned", "kind=\"records\""},
+                          {"setpoint_syncer_operations_total",
+                           "op=\"create\",result=\"success\""}},
+                         2);
     }
     Say("the registry, as setpointctl reads it:");
     fleet.Ctl({"status"});
@@ -941,7 +944,6 @@ int Main(const Args& args) {
       Say("the API refused no write from pod-b: none was in flight when it "
           "froze");
     }
-    fleet.PrintMetrics(fleet.pod("pod-b"), {"stale"}, 4);
     absl::Duration rejoin_limit = absl::Seconds(15);
     bool rejoined = WaitFor(rejoin_limit, [&] {
       claims = fleet.Covering({"pod-b", "pod-c"}, thawed);
@@ -955,6 +957,14 @@ int Main(const Args& args) {
                        Seconds(absl::Now() - thawed),
                        " after the thaw; the ring as written since:"));
       Fleet::PrintClaims(claims);
+      Say("pod-b's own view: refusals that came back after its node had "
+          "fenced are discarded (the key had left its range), the others "
+          "counted as stale refusals:");
+      fleet.PrintMetrics(fleet.pod("pod-b"),
+                         {{"setpoint_syncer_stale_refusals_total"},
+                          {"setpoint_syncer_results_discarded_total"},
+                          {"setpoint_node_self_fences_total"}},
+                         2);
     } else {
       fail("pod-b did not write again within " +
            absl::FormatDuration(rejoin_limit) + " of its thaw");
