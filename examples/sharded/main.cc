@@ -4,9 +4,11 @@
 //   sharded --demo                  # three pods in one process, a handoff
 //   sharded                         # one pod, in-memory registry
 //   sharded --pod_id=a --registry.type=redis --registry.address=127.0.0.1:6379
+//   sharded ... --api=http://127.0.0.1:8080   # one records API service
 //
 // The controller itself is records_controller.h; the fake DNS API (which
-// checks fencing tokens) is records_api.h. Without --demo this is a pod
+// checks fencing tokens) is records_api.h, its HTTP client
+// records_http_client.h. Without --demo this is a pod
 // run by setpoint::PodMain: --help lists the flags; exit codes 0 done,
 // 1 failed, 2 bad configuration.
 
@@ -23,6 +25,7 @@
 #include "absl/time/time.h"
 #include "records_api.h"
 #include "records_controller.h"
+#include "records_http_client.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/pod/pod_main.h"
 #include "setpoint/registry/in_memory_node_registry.h"
@@ -30,13 +33,6 @@
 
 namespace sharded {
 namespace {
-
-void Fill(Catalog& catalog, int from, int to, const char* prefix) {
-  for (int i = from; i < to; ++i) {
-    catalog.Set(absl::StrFormat("host-%04d.example.com", i),
-                Record{absl::StrFormat("%s.%d.%d", prefix, i / 250, i % 250)});
-  }
-}
 
 // Polls `done` every 20 ms for up to `limit`; returns whether it held.
 bool WaitFor(const std::function<bool()>& done, absl::Duration limit) {
@@ -80,7 +76,7 @@ struct Fleet {
 
 int Demo(int records) {
   spdlog::set_level(spdlog::level::err);  // Retries of injected errors.
-  RecordsApi api;
+  FakeRecordsApi api;
   Catalog catalog;
   RecordClient client(&api);
   Fill(catalog, 0, records, "10.0");
@@ -169,36 +165,128 @@ int Demo(int records) {
   return ok ? 0 : 1;
 }
 
+// The API the pod's controller talks to: the in-process fake, or the
+// records API service once --api names it (flags are read inside PodMain,
+// after the kinds were made).
+class ChosenApi final : public RecordsApi {
+ public:
+  absl::StatusOr<Records> List(const Context& ctx) override {
+    return api()->List(ctx);
+  }
+  absl::Status Put(const Context& ctx, const std::string& name,
+                   const Record& record) override {
+    return api()->Put(ctx, name, record);
+  }
+  absl::Status Delete(const Context& ctx, const std::string& name) override {
+    return api()->Delete(ctx, name);
+  }
+  absl::Status PublishSerial(const Context& ctx, int64_t serial) override {
+    return api()->PublishSerial(ctx, serial);
+  }
+  int64_t serial() const override { return api()->serial(); }
+
+  // Before the manager starts.
+  HttpRecordsApiOptions http;
+  std::unique_ptr<HttpRecordsApi> remote;
+
+ private:
+  RecordsApi* api() const {
+    if (remote != nullptr) return remote.get();
+    return &fake_;
+  }
+  mutable FakeRecordsApi fake_;
+};
+
+absl::Status ParseDurationFlag(std::string_view v, absl::Duration* out) {
+  if (!absl::ParseDuration(absl::string_view(v.data(), v.size()), out) ||
+      *out < absl::ZeroDuration() || *out == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("not a duration (600ms, 2s)");
+  }
+  return absl::OkStatus();
+}
+
 // A pod of the controller: PodMain reads flags and YAML, makes the
-// registry, handles signals and exit codes. Each pod has its own fake API,
-// so with several pods each converges the records of its own shards.
+// registry, handles signals and exit codes. By default each pod has its
+// own fake API, so with several pods each converges the records of its own
+// shards; with --api=http://host:port they all write to one records API
+// service (records_api_server).
 int Pod(int argc, char** argv) {
-  RecordsApi api;
+  ChosenApi api;
   Catalog catalog;
   RecordClient client(&api);
   int records = 1000;
+  Churn churn;
+  auto count = [](std::string_view v, int* out) {
+    if (!absl::SimpleAtoi(absl::string_view(v.data(), v.size()), out) ||
+        *out < 0) {
+      return absl::InvalidArgumentError("not a count");
+    }
+    return absl::OkStatus();
+  };
+  std::vector<setpoint::PodFlag> flags = {
+      {.name = "records",
+       .help = "records in the catalog (default 1000)",
+       .set = [&](std::string_view v) { return count(v, &records); }},
+      {.name = "api",
+       .help = "http://<host>:<port> of a records API service "
+               "(records_api_server); default: an in-process fake",
+       .set =
+           [&](std::string_view v) {
+             api.http.url = std::string(v);
+             absl::StatusOr<std::unique_ptr<HttpRecordsApi>> made =
+                 HttpRecordsApi::Create(api.http);
+             if (!made.ok()) return made.status();
+             api.remote = *std::move(made);
+             return absl::OkStatus();
+           }},
+      {.name = "api_think",
+       .help = "with --api: pause between a write's read and its send "
+               "(default 0)",
+       .set =
+           [&](std::string_view v) {
+             SETPOINT_RETURN_IF_ERROR(ParseDurationFlag(v, &api.http.think));
+             if (api.remote == nullptr) return absl::OkStatus();
+             absl::StatusOr<std::unique_ptr<HttpRecordsApi>> made =
+                 HttpRecordsApi::Create(api.http);
+             if (!made.ok()) return made.status();
+             api.remote = *std::move(made);
+             return absl::OkStatus();
+           }},
+      {.name = "churn",
+       .help = "every record gets a new address this often (default 0: "
+               "never)",
+       .set =
+           [&](std::string_view v) {
+             return ParseDurationFlag(v, &churn.period);
+           }},
+      {.name = "churn_until",
+       .help = "the addresses stop changing at this time, in milliseconds "
+               "since the Unix epoch (default: never)",
+       .set =
+           [&](std::string_view v) {
+             int64_t ms = 0;
+             if (!absl::SimpleAtoi(absl::string_view(v.data(), v.size()),
+                                   &ms) ||
+                 ms < 0) {
+               return absl::InvalidArgumentError("not a time in ms");
+             }
+             churn.until = absl::FromUnixMillis(ms);
+             return absl::OkStatus();
+           }},
+  };
   return setpoint::PodMain(
       argc, argv,
       {.program = "sharded",
-       .description = "Keeps the records of a zone on a fake DNS API; the "
-                      "nodes of kind records split them, one zone node "
-                      "leads. --demo runs three pods in one process.",
+       .description = "Keeps the records of a zone on a fake DNS API (or a "
+                      "records API service with --api); the nodes of kind "
+                      "records split them, one zone node leads. --demo runs "
+                      "three pods in one process.",
        .kinds = {RecordsKind(&api, &catalog, &client).ToNodeKind(),
                  ZoneKind(&api).ToNodeKind()},
-       .flags = {{.name = "records",
-                  .help = "records in the catalog (default 1000)",
-                  .set =
-                      [&](std::string_view v) {
-                        if (!absl::SimpleAtoi(
-                                absl::string_view(v.data(), v.size()),
-                                &records) ||
-                            records < 0) {
-                          return absl::InvalidArgumentError("not a count");
-                        }
-                        return absl::OkStatus();
-                      }}},
+       .flags = std::move(flags),
        .on_started = [&](setpoint::NodeManager&) {
          Fill(catalog, 0, records, "10.0");
+         catalog.SetChurn(churn);
        }});
 }
 

@@ -17,7 +17,7 @@ using setpoint::testing::SimulatedClock;
 
 TEST(RecordsController, ConvergesOnItsShardsOnly) {
   SimulatedClock clock({.auto_advance = true});  // API latency: instant.
-  RecordsApi api;
+  FakeRecordsApi api;
   Catalog catalog;
   for (int i = 0; i < 100; ++i) {
     catalog.Set("host-" + std::to_string(i), Record{"10.0.0.1"});
@@ -42,7 +42,7 @@ TEST(RecordsController, ConvergesOnItsShardsOnly) {
 
 TEST(RecordsController, TheLeaderPublishesTheSerialAndHandsItOver) {
   SimulatedClock clock({.auto_advance = true});
-  RecordsApi api;
+  FakeRecordsApi api;
   Catalog catalog;
   for (int i = 0; i < 20; ++i) {
     catalog.Set("host-" + std::to_string(i), Record{"10.0.0.2"});
