@@ -805,7 +805,8 @@ std::string PodConfig::ToString() const {
       " kinds=[", absl::StrJoin(kinds, ","),
       "] poll_interval=", absl::FormatDuration(manager.poll_interval),
       " lease=", absl::FormatDuration(manager.lease),
-      " registry=", registry_type);
+      " registry=", registry_type,
+      " http=", http_address.empty() ? "off" : http_address);
   if (registry_type == "redis") {
     absl::StrAppend(&out, " address=", redis.address, " db=", redis.db,
                     " namespace=", redis.ns,

@@ -529,8 +529,15 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
                      stuck_after] { return manager.Liveness(stuck_after); },
         .readiness = [&manager,
                       stuck_after] { return manager.Readiness(stuck_after); },
-        .status = [&manager,
-                   stuck_after] { return manager.StatusJson(stuck_after); },
+        .status =
+            [&manager, stuck_after, config = args.config.ToString()] {
+              // The config first (its password redacted), then the pod's.
+              std::string json = "{\"config\":";
+              AppendJsonString(&json, config);
+              json += ",";
+              json += manager.StatusJson(stuck_after).substr(1);
+              return json;
+            },
         .logger = logger,
     });
     if (!server.ok()) {

@@ -1,6 +1,7 @@
 // Builds against an installed setpoint: runs a tiny plan to convergence and
 // a one-node controller under the test harness, both on a simulated clock.
-// Exits 0 only if both converged as expected.
+// Exits 0 only if both converged as expected and the Prometheus adapter
+// and the pod's listener serve a metric.
 #include <cstdio>
 #include <string>
 
@@ -8,6 +9,8 @@
 #include "setpoint/controller/controller.h"
 #include "setpoint/planner/plan.h"
 #include "setpoint/planner/scheduler.h"
+#include "setpoint/pod/ops_server.h"
+#include "setpoint/prometheus/prometheus_metrics.h"
 #include "setpoint/testing/controller_harness.h"
 #include "setpoint/testing/simulated_clock.h"
 
@@ -87,5 +90,12 @@ int main() {
       scheduler.Execute(setpoint::Context::Background(&clock), plan);
   std::printf("%s\n", report.Summary().c_str());
   bool plan_ok = report.status.ok() && have == 3 && report.steps_run == 3;
-  return plan_ok && ControllerConverges() ? 0 : 1;
+  setpoint::MetricsRegistry metrics;
+  metrics.GetCounter("consumer_runs_total", "Runs.").Increment();
+  const bool metrics_ok = setpoint::PrometheusText(metrics).find(
+                              "consumer_runs_total 1") != std::string::npos &&
+                          setpoint::OpsServer::Start(
+                              {.address = "127.0.0.1:0", .metrics = &metrics})
+                              .ok();
+  return plan_ok && metrics_ok && ControllerConverges() ? 0 : 1;
 }

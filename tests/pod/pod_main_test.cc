@@ -703,7 +703,8 @@ TEST(PodMainProcessTest, ServesProbesMetricsAndStatusOverHttp) {
       HasSubstr("setpoint_registry_poll_duration_seconds_count{pod=\"web\"}"));
   const std::string status = get_until(
       "/statusz", "\"id\":\"web/work/0\",\"kind\":\"work\",\"range\":[0,4096]");
-  EXPECT_THAT(status, HasSubstr("{\"pod\":\"web\""));
+  EXPECT_THAT(status, HasSubstr(",\"pod\":\"web\""));
+  EXPECT_THAT(status, HasSubstr("{\"config\":\"pod_id=web "));
   EXPECT_THAT(status,
               HasSubstr("\"id\":\"web/work/0\",\"kind\":\"work\",\"range\":[0,"
                         "4096]"));
