@@ -1018,6 +1018,10 @@ void NodeManager::CollectMetrics(MetricWriter& w) const {
       renewed_at_ == absl::InfinitePast()
           ? 0.0
           : std::max(0.0, absl::ToDoubleSeconds(FenceDeadline() - now));
+  w.Gauge("setpoint_node_drained",
+          "1 while the pod is drained (setpointctl drain): its nodes get no "
+          "share of the ring.",
+          pod, drained_ ? 1 : 0);
   w.Gauge("setpoint_node_lease_remaining_seconds",
           "Time this pod's nodes may still work without another renewal.", pod,
           lease_left);
@@ -1112,6 +1116,7 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
         renewed_at_ == absl::InfinitePast()
             ? 0.0
             : std::max(0.0, absl::ToDoubleSeconds(FenceDeadline() - now)));
+    absl::StrAppend(&out, ",\"drained\":", drained_ ? "true" : "false");
     absl::StrAppend(&out, ",\"registry_reachable\":",
                     failure_streak_ == 0 && renewed_at_ != absl::InfinitePast()
                         ? "true"
