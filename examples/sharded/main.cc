@@ -185,15 +185,21 @@ class ChosenApi final : public RecordsApi {
   }
   int64_t serial() const override { return api()->serial(); }
 
-  // Before the manager starts.
+  // Before the manager starts: makes the HTTP client for `http` (none
+  // while its url is empty).
+  absl::Status Configure() {
+    if (http.url.empty()) return absl::OkStatus();
+    SETPOINT_ASSIGN_OR_RETURN(remote_, HttpRecordsApi::Create(http));
+    return absl::OkStatus();
+  }
   HttpRecordsApiOptions http;
-  std::unique_ptr<HttpRecordsApi> remote;
 
  private:
   RecordsApi* api() const {
-    if (remote != nullptr) return remote.get();
+    if (remote_ != nullptr) return remote_.get();
     return &fake_;
   }
+  std::unique_ptr<HttpRecordsApi> remote_;
   mutable FakeRecordsApi fake_;
 };
 
@@ -233,11 +239,10 @@ int Pod(int argc, char** argv) {
        .set =
            [&](std::string_view v) {
              api.http.url = std::string(v);
-             absl::StatusOr<std::unique_ptr<HttpRecordsApi>> made =
-                 HttpRecordsApi::Create(api.http);
-             if (!made.ok()) return made.status();
-             api.remote = *std::move(made);
-             return absl::OkStatus();
+             if (api.http.url.empty()) {
+               return absl::InvalidArgumentError("expected http://host:port");
+             }
+             return api.Configure();
            }},
       {.name = "api_think",
        .help = "with --api: pause between a write's read and its send "
@@ -245,12 +250,7 @@ int Pod(int argc, char** argv) {
        .set =
            [&](std::string_view v) {
              SETPOINT_RETURN_IF_ERROR(ParseDurationFlag(v, &api.http.think));
-             if (api.remote == nullptr) return absl::OkStatus();
-             absl::StatusOr<std::unique_ptr<HttpRecordsApi>> made =
-                 HttpRecordsApi::Create(api.http);
-             if (!made.ok()) return made.status();
-             api.remote = *std::move(made);
-             return absl::OkStatus();
+             return api.Configure();
            }},
       {.name = "churn",
        .help = "every record gets a new address this often (default 0: "
