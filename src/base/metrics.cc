@@ -97,52 +97,40 @@ std::unique_ptr<MetricsRegistry::Cell> MetricsRegistry::NewCell(
   return cell;
 }
 
+template <class T, class... Args>
+T& MetricsRegistry::GetCell(std::unique_ptr<T> Cell::*field,
+                            std::string_view name, std::string_view help,
+                            const MetricLabels& labels, Args&&... args) {
+  MutexLock l(&mu_);
+  auto [it, added] = cells_.try_emplace(CellKey(name, labels));
+  Cell& cell = *(added ? it->second = NewCell(name, help, labels) : it->second);
+  if (added) {
+    cell.*field = std::make_unique<T>(std::forward<Args>(args)...);
+    order_.push_back(&cell);
+  }
+  if (cell.*field != nullptr) return *(cell.*field);
+  // Another type under this name: a cell of its own that is never written
+  // out, so the misuse cannot corrupt the other series.
+  orphans_.push_back(std::make_shared<T>(std::forward<Args>(args)...));
+  return *static_cast<T*>(orphans_.back().get());
+}
+
 class Counter& MetricsRegistry::GetCounter(std::string_view name,
                                            std::string_view help,
                                            const MetricLabels& labels) {
-  MutexLock l(&mu_);
-  auto [it, added] = cells_.try_emplace(CellKey(name, labels));
-  if (added) {
-    it->second = NewCell(name, help, labels);
-    it->second->counter = std::make_unique<class Counter>();
-    order_.push_back(it->second.get());
-  }
-  if (it->second->counter != nullptr) return *it->second->counter;
-  // Another type under this name: a private cell that is never written out,
-  // so the misuse cannot corrupt the other series.
-  static auto* orphan = new class Counter;
-  return *orphan;
+  return GetCell(&Cell::counter, name, help, labels);
 }
 
 class Gauge& MetricsRegistry::GetGauge(std::string_view name,
                                        std::string_view help,
                                        const MetricLabels& labels) {
-  MutexLock l(&mu_);
-  auto [it, added] = cells_.try_emplace(CellKey(name, labels));
-  if (added) {
-    it->second = NewCell(name, help, labels);
-    it->second->gauge = std::make_unique<class Gauge>();
-    order_.push_back(it->second.get());
-  }
-  if (it->second->gauge != nullptr) return *it->second->gauge;
-  static auto* orphan = new class Gauge;
-  return *orphan;
+  return GetCell(&Cell::gauge, name, help, labels);
 }
 
 class Histogram& MetricsRegistry::GetHistogram(
     std::string_view name, std::string_view help, const MetricLabels& labels,
     std::vector<double> upper_bounds) {
-  MutexLock l(&mu_);
-  auto [it, added] = cells_.try_emplace(CellKey(name, labels));
-  if (added) {
-    it->second = NewCell(name, help, labels);
-    it->second->histogram =
-        std::make_unique<class Histogram>(std::move(upper_bounds));
-    order_.push_back(it->second.get());
-  }
-  if (it->second->histogram != nullptr) return *it->second->histogram;
-  static auto* orphan = new class Histogram(Histogram::DurationBuckets());
-  return *orphan;
+  return GetCell(&Cell::histogram, name, help, labels, std::move(upper_bounds));
 }
 
 MetricsCollectorHandle MetricsRegistry::AddCollector(Collector collector) {

@@ -24,6 +24,7 @@
 #include "setpoint/node/node_manager.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/child_process.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
@@ -55,115 +56,23 @@ bool HasLine(const std::string& text, const std::string& pattern) {
 }
 
 // A setpointctl process with its stdout and stderr on pipes.
-class CtlProcess {
+class CtlProcess : public testing::ChildProcess {
  public:
-  explicit CtlProcess(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {SETPOINT_CTL};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Async-signal-safe calls only until exec.
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    out_fd_ = out[0];
-    err_fd_ = err[0];
-  }
-  ~CtlProcess() {
-    if (pid_ > 0) testing::KillAndReap(pid_);
-    if (out_fd_ >= 0) close(out_fd_);
-    if (err_fd_ >= 0) close(err_fd_);
-  }
-  CtlProcess(const CtlProcess&) = delete;
-  CtlProcess& operator=(const CtlProcess&) = delete;
-
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-  void Signal(int sig) { kill(pid_, sig); }
-
-  // Reads both pipes until stdout holds `text` `times` times; false at the
-  // end of the output or after `timeout`.
-  bool AwaitOut(const std::string& text, int times = 1,
-                absl::Duration timeout = absl::Seconds(20)) {
-    return ReadUntil([&] { return Count(out_, text) >= times; }, timeout);
-  }
+  explicit CtlProcess(const std::vector<std::string>& flags)
+      : ChildProcess(Args(flags)) {}
 
   // Reads both pipes until a line of stdout matches `pattern`.
   bool AwaitLine(const std::string& pattern,
                  absl::Duration timeout = absl::Seconds(20)) {
-    return ReadUntil([&] { return HasLine(out_, pattern); }, timeout);
-  }
-
-  // Reads to the end of both pipes and reaps the process: its exit code, or
-  // -1 if it did not end within `timeout` (it is then killed) or died of a
-  // signal.
-  int AwaitExit(absl::Duration timeout = absl::Seconds(20)) {
-    ReadUntil([] { return false; }, timeout);
-    if (out_fd_ >= 0 || err_fd_ >= 0) return -1;  // Timed out.
-    int status = 0;
-    if (waitpid(pid_, &status, 0) != pid_) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
-  static int Count(const std::string& s, const std::string& text) {
-    int n = 0;
-    for (size_t at = s.find(text); at != std::string::npos;
-         at = s.find(text, at + 1)) {
-      ++n;
-    }
-    return n;
+    return ReadUntil([&] { return HasLine(out(), pattern); }, timeout);
   }
 
  private:
-  // Polls the pipes (no sleeping) until `done()` or both reach their end
-  // (returns done()) or the deadline passes (false).
-  bool ReadUntil(const std::function<bool()>& done, absl::Duration timeout) {
-    auto deadline =
-        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
-    while (!done()) {
-      if (out_fd_ < 0 && err_fd_ < 0) return done();
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd fds[2] = {{.fd = out_fd_, .events = POLLIN, .revents = 0},
-                       {.fd = err_fd_, .events = POLLIN, .revents = 0}};
-      int n = poll(fds, 2, static_cast<int>(left.count()));
-      if (n < 0 && errno != EINTR) return false;
-      ReadSome(fds[0], &out_fd_, &out_);
-      ReadSome(fds[1], &err_fd_, &err_);
-    }
-    return true;
+  static std::vector<std::string> Args(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {SETPOINT_CTL};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
   }
-  static void ReadSome(const pollfd& p, int* fd, std::string* into) {
-    if (*fd < 0 || p.revents == 0) return;
-    char buf[4096];
-    ssize_t n = read(*fd, buf, sizeof(buf));
-    if (n > 0) {
-      into->append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || errno != EINTR) {
-      close(*fd);
-      *fd = -1;
-    }
-  }
-
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  std::string out_;
-  std::string err_;
 };
 
 struct CtlRun {

@@ -26,7 +26,8 @@
 #include "httplib.h"
 #include "setpoint/base/context.h"
 #include "setpoint/registry/in_memory_node_registry.h"
-#include "setpoint/testing/redis_server.h"  // KillAndReap
+#include "setpoint/testing/child_process.h"
+#include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
 #include "spdlog/sinks/ostream_sink.h"
 
@@ -455,106 +456,25 @@ TEST(TextLogTest, TimeLevelLoggerMessage) {
 // ---- PodMain in a real process (tests/pod/test_pod.cc) --------------------
 
 // A test_pod process with its stdout and stderr on pipes.
-class PodProcess {
+class PodProcess : public testing::ChildProcess {
  public:
-  explicit PodProcess(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {SETPOINT_TEST_POD};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Async-signal-safe calls only until exec.
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    out_fd_ = out[0];
-    err_fd_ = err[0];
-  }
-  ~PodProcess() {
-    if (pid_ > 0) testing::KillAndReap(pid_);
-    if (out_fd_ >= 0) close(out_fd_);
-    if (err_fd_ >= 0) close(err_fd_);
-  }
-
-  bool started() const { return pid_ > 0; }
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-  void Signal(int sig) { kill(pid_, sig); }
-
-  // Reads both pipes until stdout has a line containing `text`; false at
-  // the end of the output or after `timeout`.
+  explicit PodProcess(const std::vector<std::string>& flags)
+      : ChildProcess(Args(flags)) {}
   bool AwaitOut(const std::string& text,
                 absl::Duration timeout = absl::Seconds(20)) {
-    return ReadUntil([&] { return out_.find(text) != std::string::npos; },
-                     timeout);
+    return ChildProcess::AwaitOut(text, 1, timeout);
   }
   bool AwaitErr(const std::string& text,
                 absl::Duration timeout = absl::Seconds(20)) {
-    return ReadUntil([&] { return err_.find(text) != std::string::npos; },
-                     timeout);
-  }
-
-  // Reads to the end of both pipes and reaps the process: its exit code, or
-  // -1 if it did not end within `timeout` (it is then killed) or died of a
-  // signal.
-  int AwaitExit(absl::Duration timeout = absl::Seconds(20)) {
-    bool closed = ReadUntil([] { return false; }, timeout);
-    (void)closed;
-    if (out_fd_ >= 0 || err_fd_ >= 0) return -1;  // Timed out.
-    int status = 0;
-    if (waitpid(pid_, &status, 0) != pid_) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return ChildProcess::AwaitErr(text, 1, timeout);
   }
 
  private:
-  // Polls the pipes (no sleeping) until `done()` or both reach their end
-  // (returns done()) or the deadline passes (false).
-  bool ReadUntil(const std::function<bool()>& done, absl::Duration timeout) {
-    auto deadline =
-        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
-    while (!done()) {
-      if (out_fd_ < 0 && err_fd_ < 0) return done();
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd fds[2] = {{.fd = out_fd_, .events = POLLIN, .revents = 0},
-                       {.fd = err_fd_, .events = POLLIN, .revents = 0}};
-      int n = poll(fds, 2, static_cast<int>(left.count()));
-      if (n < 0 && errno != EINTR) return false;
-      ReadSome(fds[0], &out_fd_, &out_);
-      ReadSome(fds[1], &err_fd_, &err_);
-    }
-    return true;
+  static std::vector<std::string> Args(const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {SETPOINT_TEST_POD};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
   }
-  static void ReadSome(const pollfd& p, int* fd, std::string* into) {
-    if (*fd < 0 || p.revents == 0) return;
-    char buf[4096];
-    ssize_t n = read(*fd, buf, sizeof(buf));
-    if (n > 0) {
-      into->append(buf, static_cast<size_t>(n));
-    } else if (n == 0 || errno != EINTR) {
-      close(*fd);
-      *fd = -1;
-    }
-  }
-
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  std::string out_;
-  std::string err_;
 };
 
 // `extra` after fast polls, so the node gets its range at once, and a free

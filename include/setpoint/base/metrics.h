@@ -176,6 +176,11 @@ class MetricsRegistry {
                                        std::string_view help,
                                        const MetricLabels& labels);
   void RemoveCollector(int64_t id);
+  // The cell of `field`'s type for name and labels, made with `args`.
+  template <class T, class... Args>
+  T& GetCell(std::unique_ptr<T> Cell::*field, std::string_view name,
+             std::string_view help, const MetricLabels& labels, Args&&... args)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable Mutex mu_;
   // Key: name + '\0' + labels.
@@ -184,6 +189,8 @@ class MetricsRegistry {
   std::vector<const Cell*> order_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, Collector>> collectors_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Cells handed out for a name of another type (never written out).
+  std::vector<std::shared_ptr<void>> orphans_ ABSL_GUARDED_BY(mu_);
 };
 
 // Labels `base` followed by `more`.
