@@ -197,7 +197,12 @@ absl::Status NodeManager::Start() {
       slots.push_back(std::move(slot));
     }
   }
-  slots_ = std::move(slots);
+  {
+    // Under the lock: the pod's probes may already ask (PodMain starts its
+    // listener first).
+    MutexLock l(&mu_);
+    slots_ = std::move(slots);
+  }
   InitMetrics();
   listener_ = options_.registry->AddChangeListener([this] { Wake(); });
   for (auto& slot : slots_) {
@@ -1039,6 +1044,13 @@ void NodeManager::CollectMetrics(MetricWriter& w) const {
   }
 }
 
+std::vector<const NodeManager::Slot*> NodeManager::ReportedSlots() const {
+  MutexLock l(&mu_);
+  std::vector<const Slot*> out;
+  for (const auto& slot : slots_) out.push_back(slot.get());
+  return out;
+}
+
 std::vector<std::string> NodeManager::Liveness(
     absl::Duration stuck_after) const {
   std::vector<std::string> problems;
@@ -1055,7 +1067,7 @@ std::vector<std::string> NodeManager::Liveness(
                        absl::FormatDuration(now - last_tick_)));
     }
   }
-  for (const auto& slot : slots_) {
+  for (const Slot* slot : ReportedSlots()) {
     NodeReport r;
     slot->node->Report(stuck_after, r);
     for (auto& p : r.stuck) {
@@ -1086,7 +1098,7 @@ std::vector<std::string> NodeManager::Readiness(
           " ago: nodes are fenced"));
     }
   }
-  for (const auto& slot : slots_) {
+  for (const Slot* slot : ReportedSlots()) {
     NodeReport r;
     slot->node->Report(stuck_after, r);
     for (auto& p : r.not_ready) {
@@ -1102,6 +1114,7 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
     ShardAssignment active;
     bool registered, running;
     int restarts;
+    const Node* node;
   };
   std::vector<Row> rows;
   std::string out = "{\"pod\":";
@@ -1130,7 +1143,7 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
         ",\"update_failures\":", st.update_failures, "}");
     for (const auto& slot : slots_) {
       rows.push_back(Row{slot->info, slot->active, slot->registered,
-                         slot->running, slot->restarts});
+                         slot->running, slot->restarts, slot->node.get()});
     }
   }
   out += ",\"nodes\":[";
@@ -1148,7 +1161,7 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
                     ",\"running\":", r.running ? "true" : "false",
                     ",\"restarts\":", r.restarts);
     NodeReport report;
-    slots_[i]->node->Report(stuck_after, report);
+    r.node->Report(stuck_after, report);
     if (!report.status_json.empty()) {
       absl::StrAppend(&out, ",\"status\":", report.status_json);
     }

@@ -875,7 +875,11 @@ void Runner::RunSampled(Event& event, const char* origin, Tally& tally,
 
 absl::Duration Runner::BusyFor() const {
   TimerHandle::Shared& s = *shared_;
-  if (!thread_.joinable() || s.sleeping.load(std::memory_order_acquire)) {
+  // current_ is set while the started runner's loop runs (atomics only: a
+  // scrape may ask while another thread stops the runner).
+  if (!started_.load(std::memory_order_acquire) ||
+      current_.load() == std::thread::id{} ||
+      s.sleeping.load(std::memory_order_acquire)) {
     return absl::ZeroDuration();
   }
   const int64_t since = s.progress_ns.load(std::memory_order_acquire);

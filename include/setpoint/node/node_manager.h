@@ -250,6 +250,8 @@ class NodeManager {
   void InitMetrics();
   void CountError(const char* op, const absl::Status& s);
   void CollectMetrics(MetricWriter& w) const;
+  // The slots, read under the lock (their nodes do not change after Start).
+  std::vector<const Slot*> ReportedSlots() const;
   Histogram* poll_duration_ = nullptr;
   Histogram* handoff_duration_ = nullptr;
   MetricsCollectorHandle collector_;
