@@ -35,7 +35,8 @@
 //   0 (kPodExitOk)        stopped by SIGINT/SIGTERM or at the end of
 //                         --duration, or --help;
 //   1 (kPodExitFailed)    the manager did not start (a factory failed, an
-//                         on_started callback threw), a second SIGINT/SIGTERM
+//                         on_started callback threw), the http.address
+//                         listener could not bind, a second SIGINT/SIGTERM
 //                         during the graceful stop (the process _exits), or
 //                         the program's options are broken (a PodFlag that
 //                         clashes with a built-in one, a kind without
