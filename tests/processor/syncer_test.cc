@@ -1558,5 +1558,73 @@ TEST(FakeClientTest, ObservationsAreImmediateHeldOrDropped) {
   EXPECT_EQ(fake.Get("b"), 1);
 }
 
+// A client whose calls wait, ignoring their cancellation, until opened, and
+// then report that the system saw a newer owner's token.
+class RefusedLateClient final : public SyncerClient<std::string, int, int> {
+ public:
+  absl::Status Create(const Context&, const std::string&, const int&) override {
+    return Refuse();
+  }
+  absl::Status Update(const Context&, const std::string&, const int&,
+                      const int&) override {
+    return Refuse();
+  }
+  absl::Status Delete(const Context&, const std::string&, const int&) override {
+    return Refuse();
+  }
+  void AwaitEntered() { entered_.wait(false); }
+  void Open() {
+    open_.store(true);
+    open_.notify_all();
+  }
+
+ private:
+  absl::Status Refuse() {
+    entered_.store(true);
+    entered_.notify_all();
+    open_.wait(false);
+    return StaleOwnerError("the system saw a newer token");
+  }
+  std::atomic<bool> entered_{false};
+  std::atomic<bool> open_{false};
+};
+
+TEST(SyncerStaleTest, ARefusalThatComesBackAfterTheKeyLeftIsStillCounted) {
+  // A pod that froze with a write in flight: by the time the refusal comes
+  // back, the key has left the range. The result is discarded, and still
+  // counted as a stale refusal, so operators see the stale writer.
+  Runner runner({.name = "stale", .logger = testing::NullLogger()});
+  ASSERT_THAT(runner.Start(), IsOk());
+  RefusedLateClient client;
+  MetricsRegistry metrics;
+  Syncer<std::string, int, int> syncer(
+      &runner, &client,
+      {.name = "late", .metrics = &metrics, .logger = testing::NullLogger()});
+  ASSERT_THAT(syncer.Start(), IsOk());
+  const Context ctx = Context().WithTimeout(absl::Seconds(10));
+  ASSERT_THAT(runner.PostAndWait(ctx,
+                                 [&] {
+                                   syncer.MarkDesiredComplete();
+                                   syncer.SetDesired("k", 1);
+                                 }),
+              IsOk());
+  client.AwaitEntered();
+  ASSERT_THAT(
+      runner.PostAndWait(
+          ctx, [&] { syncer.Reset([](const std::string&) { return false; }); }),
+      IsOk());
+  client.Open();
+  ASSERT_TRUE(testing::AwaitCondition(
+      [&] { return syncer.counters().results_discarded == 1; }));
+  EXPECT_EQ(syncer.counters().stale_refusals, 1);
+  EXPECT_EQ(metrics
+                .GetCounter("setpoint_syncer_stale_refusals_total", "",
+                            {{"syncer", "late"}})
+                .Value(),
+            1);
+  syncer.Stop();
+  runner.Stop();
+}
+
 }  // namespace
 }  // namespace setpoint

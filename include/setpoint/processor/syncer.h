@@ -211,7 +211,8 @@ struct SyncerCounters {
   int64_t ignored_out_of_range = 0;  // Desired/observed keys outside filter.
   int64_t not_started_at_stop = 0;   // Handed to updaters, never started.
   int64_t calls_cancelled = 0;       // Calls cancelled: the key left.
-  int64_t stale_refusals = 0;        // Calls refused as a stale owner.
+  int64_t stale_refusals = 0;        // Calls refused as a stale owner
+                                     // (discarded results included).
 };
 
 // One key that is failing, for StatusSnapshot().
@@ -1548,6 +1549,13 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
   if (r.epoch != e.epoch || !Selected(r.key)) {
     counters_.results_discarded.fetch_add(1, std::memory_order_relaxed);
     Bump(cells_.discarded);
+    if (IsStaleOwner(r.status)) {
+      // A stale writer's refusal that came back after the key left (a pod
+      // that froze and thawed): still a refusal operators must see.
+      counters_.stale_refusals.fetch_add(1, std::memory_order_relaxed);
+      Bump(cells_.stale_refusals);
+      CountOp(r.op, kStale);
+    }
     SPDLOG_LOGGER_INFO(logger_,
                        "syncer result discarded, key left the range "
                        "syncer={} key={} op={}: {}",
