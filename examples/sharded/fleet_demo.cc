@@ -957,9 +957,9 @@ int Main(const Args& args) {
                        Seconds(absl::Now() - thawed),
                        " after the thaw; the ring as written since:"));
       Fleet::PrintClaims(claims);
-      Say("pod-b's own view: refusals that came back after its node had "
-          "fenced are discarded (the key had left its range), the others "
-          "counted as stale refusals:");
+      Say("pod-b's own view: every refusal is counted as a stale refusal; "
+          "those that came back after its node had fenced are also "
+          "discarded results (the key had left its range):");
       fleet.PrintMetrics(fleet.pod("pod-b"),
                          {{"setpoint_syncer_stale_refusals_total"},
                           {"setpoint_syncer_results_discarded_total"},
