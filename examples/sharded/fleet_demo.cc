@@ -62,6 +62,7 @@
 #include "json_reader.h"
 #include "records_api.h"
 #include "setpoint/node/shard.h"
+#include "setpoint/testing/redis_server.h"  // FindRedisServer, FreeLoopbackPort
 
 #ifndef FLEET_SHARDED
 #error "FLEET_SHARDED must name the sharded program"
@@ -76,6 +77,8 @@
 namespace fleet {
 namespace {
 
+using setpoint::testing::FindRedisServer;
+using setpoint::testing::FreeLoopbackPort;
 using sharded::JsonValue;
 using sharded::ParseJson;
 
@@ -299,29 +302,6 @@ Ran Run(const std::string& name, const std::vector<std::string>& args,
   text << in.rdbuf();
   r.output = text.str();
   return r;
-}
-
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-std::string FindRedisServer() {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
-    std::string path = std::string(dir) + "/redis-server";
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
 }
 
 // True once Redis on 127.0.0.1:port answers PING.

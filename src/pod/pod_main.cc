@@ -95,16 +95,6 @@ std::string KindNames(const std::vector<NodeKindOptions>& kinds) {
       [](std::string* out, const NodeKindOptions& k) { out->append(k.kind); });
 }
 
-std::optional<spdlog::level::level_enum> ParseLevel(absl::string_view v) {
-  if (v == "trace") return spdlog::level::trace;
-  if (v == "debug") return spdlog::level::debug;
-  if (v == "info") return spdlog::level::info;
-  if (v == "warn") return spdlog::level::warn;
-  if (v == "error") return spdlog::level::err;
-  if (v == "off") return spdlog::level::off;
-  return std::nullopt;
-}
-
 // Checks what the program gave; an error here is the program's bug.
 absl::Status CheckProgramOptions(const PodMainOptions& options) {
   if (options.kinds.empty()) {
@@ -370,7 +360,8 @@ PodArgsResult ParsePodArgs(int argc, const char* const* argv,
       }
       args.duration = d;
     } else if (name == "log_level") {
-      std::optional<spdlog::level::level_enum> level = ParseLevel(value);
+      std::optional<spdlog::level::level_enum> level =
+          ParsePodLogLevel(std::string_view(value.data(), value.size()));
       if (!level.has_value()) {
         return exit_with(kPodExitBadConfig,
                          absl::StrCat("--log_level must be trace, debug, info, "
@@ -472,6 +463,16 @@ std::shared_ptr<spdlog::logger> MakePodLogger(const std::string& name,
   }
   logger->set_level(args.log_level);
   return logger;
+}
+
+std::optional<spdlog::level::level_enum> ParsePodLogLevel(std::string_view v) {
+  if (v == "trace") return spdlog::level::trace;
+  if (v == "debug") return spdlog::level::debug;
+  if (v == "info") return spdlog::level::info;
+  if (v == "warn") return spdlog::level::warn;
+  if (v == "error") return spdlog::level::err;
+  if (v == "off") return spdlog::level::off;
+  return std::nullopt;
 }
 
 int PodMain(int argc, char** argv, PodMainOptions options) {

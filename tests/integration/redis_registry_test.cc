@@ -15,6 +15,7 @@
 #include "setpoint/node/node_manager.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/idle_node.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
@@ -592,18 +593,7 @@ TEST(RedisOptionsTest, RefusesBadOptionsNamingTheField) {
 namespace setpoint {
 namespace {
 
-// A node that only remembers what it was told.
-class QuietNode : public Node {
- public:
-  absl::Status Run(const Context& ctx) override {
-    (void)ctx.Wait(absl::InfiniteDuration());
-    return absl::OkStatus();
-  }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment&) override {
-    return absl::OkStatus();
-  }
-};
+using QuietNode = ::setpoint::testing::IdleNode;
 
 class RedisNodeManagerTest : public ::testing::Test {
  protected:

@@ -25,6 +25,7 @@
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/child_process.h"
+#include "setpoint/testing/idle_node.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
@@ -81,17 +82,7 @@ struct CtlRun {
   std::string err;
 };
 
-class QuietNode : public Node {
- public:
-  absl::Status Run(const Context& ctx) override {
-    (void)ctx.Wait(absl::InfiniteDuration());
-    return absl::OkStatus();
-  }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment&) override {
-    return absl::OkStatus();
-  }
-};
+using QuietNode = ::setpoint::testing::IdleNode;
 
 class SetpointctlTest : public ::testing::Test {
  protected:

@@ -117,16 +117,6 @@ bool IsPodConfigKey(absl::string_view name) {
   return false;
 }
 
-std::optional<spdlog::level::level_enum> ParseLevel(absl::string_view v) {
-  if (v == "trace") return spdlog::level::trace;
-  if (v == "debug") return spdlog::level::debug;
-  if (v == "info") return spdlog::level::info;
-  if (v == "warn") return spdlog::level::warn;
-  if (v == "error") return spdlog::level::err;
-  if (v == "off") return spdlog::level::off;
-  return std::nullopt;
-}
-
 Parsed Parse(int argc, char** argv) {
   Args args;
   std::vector<std::string> positional;
@@ -179,7 +169,8 @@ Parsed Parse(int argc, char** argv) {
                                   "\" is not a whole number >= 0"));
       }
     } else if (name == "log_level") {
-      std::optional<spdlog::level::level_enum> level = ParseLevel(value);
+      std::optional<spdlog::level::level_enum> level =
+          ParsePodLogLevel(std::string_view(value.data(), value.size()));
       if (!level.has_value()) {
         return Usage(absl::StrCat(
             "--log_level must be trace, debug, info, warn, error or off, "

@@ -188,6 +188,10 @@ std::shared_ptr<spdlog::logger> MakePodLogger(const std::string& name,
                                               const PodArgs& args,
                                               spdlog::sink_ptr sink = nullptr);
 
+// The level a --log_level value names (trace, debug, info, warn, error,
+// off), or nullopt.
+std::optional<spdlog::level::level_enum> ParsePodLogLevel(std::string_view v);
+
 // Runs the pod as described above and returns its exit code; main() should
 // return it. May not return: a second SIGINT/SIGTERM during the graceful
 // stop ends the process with _exit(1) after one line on stderr.
