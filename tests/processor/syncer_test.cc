@@ -1055,6 +1055,10 @@ TEST_F(SyncerTest, CallsCarryTheValuesTheyStartedUnder) {
 
   SetDesired("a", 4);
   ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("a") == 4; }));
+  // The fake applies the write before the probe around it records the
+  // call's end: wait for the record, not for the world.
+  ASSERT_TRUE(
+      AwaitCondition([&] { return probe_->TokensFor("a").size() >= 4; }));
   EXPECT_THAT(probe_->TokensFor("a"), ElementsAre(-1, 1, 1, 2));
 }
 
