@@ -1060,6 +1060,11 @@ bool Runner::IsCurrent() const {
   return current_.load() == std::this_thread::get_id();
 }
 
+bool Runner::OnRunner() const {
+  const std::thread::id current = current_.load();
+  return current == std::thread::id{} || current == std::this_thread::get_id();
+}
+
 namespace runner_internal {
 
 absl::Status CallCatching(const std::string& runner, const char* origin,

@@ -41,6 +41,55 @@ RunnerOptions Options(Clock* clock) {
           .logger = ::setpoint::testing::NullLogger()};
 }
 
+TEST(Runner, OnRunnerHoldsBeforeStartOnItsThreadAndAfterStop) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  EXPECT_EQ(runner.clock(), &clock);
+  EXPECT_TRUE(runner.OnRunner());  // Not started: the owner wires pieces.
+  ASSERT_THAT(runner.Start(), IsOk());
+  std::atomic<bool> on_runner{false};
+  ASSERT_THAT(runner.PostAndWait(Context::Background(),
+                                 [&] { on_runner = runner.OnRunner(); }),
+              IsOk());
+  EXPECT_TRUE(on_runner.load());
+  // The loop runs on its own thread now: the owner's thread is not it.
+  ASSERT_TRUE(AwaitCondition([&] { return !runner.OnRunner(); }));
+  runner.Stop();
+  EXPECT_TRUE(runner.OnRunner());
+}
+
+TEST(Runner, OnRunnerInManualModeIsFalseOnAnotherThreadDuringRunUntilIdle) {
+  SimulatedClock clock;
+  Runner runner(Options(&clock));
+  std::atomic<int> other{-1};
+  ASSERT_THAT(runner.Post([&] {
+    EXPECT_TRUE(runner.OnRunner());
+    std::thread t([&] { other = runner.OnRunner() ? 1 : 0; });
+    t.join();
+  }),
+              IsOk());
+  EXPECT_EQ(runner.RunUntilIdle(), 1);
+  EXPECT_EQ(other.load(), 0);
+  std::thread t([&] { other = runner.OnRunner() ? 1 : 0; });
+  t.join();
+  EXPECT_EQ(other.load(), 1);  // Between RunUntilIdle calls: nobody runs it.
+}
+
+#ifndef NDEBUG
+TEST(RunnerDeathTest, DcheckOnRunnerAbortsOffTheRunnerInDebugBuilds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        SimulatedClock clock;
+        Runner runner(Options(&clock));
+        (void)runner.Start();
+        (void)AwaitCondition([&] { return !runner.OnRunner(); });
+        SETPOINT_DCHECK_ON_RUNNER(&runner);
+      },
+      "runner-only call off runner");
+}
+#endif
+
 TEST(Runner, ManualModeRunsEventsInOrderIncludingWhatTheyPost) {
   SimulatedClock clock;
   Runner runner(Options(&clock));

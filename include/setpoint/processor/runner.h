@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "setpoint/base/check.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/metrics.h"
@@ -196,6 +197,15 @@ class Runner {
 
   // True on the runner's thread (or inside RunUntilIdle).
   bool IsCurrent() const;
+  // True where runner-only state may be touched: on the runner's thread,
+  // inside RunUntilIdle, or while no thread runs the runner's events (before
+  // Start, after Stop, between RunUntilIdle calls in manual mode). What
+  // SETPOINT_DCHECK_ON_RUNNER asserts. Thread-safe.
+  bool OnRunner() const;
+
+  // The clock its timers use (RunnerOptions::clock). Pieces that run on this
+  // runner default to it. Thread-safe.
+  Clock* clock() const { return clock_; }
 
   RunnerStats stats() const;
   const std::string& name() const { return name_; }
@@ -414,5 +424,20 @@ PostAndWaitResult<Fn> Runner::PostAndWait(const Context& ctx, Fn fn,
 }
 
 }  // namespace setpoint
+
+// Asserts, in builds without NDEBUG, that the caller may touch `runner`'s
+// runner-only state (Runner::OnRunner). Every runner-only public method of
+// the processor pieces starts with it; a failure logs the runner's name and
+// aborts.
+#ifdef NDEBUG
+#define SETPOINT_DCHECK_ON_RUNNER(runner) \
+  do {                                    \
+  } while (false)
+#else
+#define SETPOINT_DCHECK_ON_RUNNER(runner)                                      \
+  SETPOINT_CHECK_MSG((runner)->OnRunner(),                                     \
+                     "runner-only call off runner {} (post it to the runner)", \
+                     (runner)->name())
+#endif
 
 #endif  // SETPOINT_PROCESSOR_RUNNER_H_
