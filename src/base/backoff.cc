@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/check.h"
 
 namespace setpoint {
 namespace {
@@ -52,10 +53,18 @@ absl::Status ValidateBackoffOptions(const BackoffOptions& o) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Backoff> Backoff::Create(BackoffOptions options, uint64_t seed) {
+  if (absl::Status s = ValidateBackoffOptions(options); !s.ok()) return s;
+  return Backoff(options, seed != 0 ? seed : RandomSeed());
+}
+
 Backoff::Backoff(BackoffOptions options) : Backoff(options, RandomSeed()) {}
 
 Backoff::Backoff(BackoffOptions options, uint64_t seed)
-    : options_(Clamp(options)), rng_(seed) {}
+    : options_(options), rng_(seed) {
+  const absl::Status valid = ValidateBackoffOptions(options_);
+  SETPOINT_CHECK_MSG(valid.ok(), "{}", std::string(valid.message()));
+}
 
 absl::Duration BackoffDelay(const BackoffOptions& options, int attempt,
                             double jitter_fraction) {

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 
 namespace setpoint {
 
@@ -14,6 +15,18 @@ bool IsRetryable(const RetryPolicy& policy, const absl::Status& error) {
   } catch (...) {
     return false;
   }
+}
+
+absl::Status ValidateRetryPolicy(const RetryPolicy& policy) {
+  if (policy.max_attempts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retry policy: max_attempts must be >= 1, got ", policy.max_attempts));
+  }
+  if (absl::Status s = ValidateBackoffOptions(policy.backoff); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry policy: backoff: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 namespace internal {

@@ -9,7 +9,7 @@
 namespace setpoint {
 
 InMemoryNodeRegistry::InMemoryNodeRegistry(InMemoryNodeRegistryOptions options)
-    : clock_(options.clock != nullptr ? options.clock : Clock::Real()) {
+    : clock_(options.clock != nullptr ? options.clock : Clock::Monotonic()) {
   MutexLock l(&mu_);
   epoch_ = absl::StrCat("mem-", reinterpret_cast<uintptr_t>(this), "-0");
 }

@@ -70,13 +70,20 @@ TEST(Backoff, ValidateNamesTheField) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("jitter")));
 }
 
-TEST(Backoff, InvalidOptionsAreClampedNotCrashing) {
-  Backoff b({.initial = -absl::Seconds(1),
-             .max = -absl::Seconds(5),
-             .multiplier = -3,
-             .jitter = 7},
-            1);
-  for (int i = 0; i < 10; ++i) EXPECT_GT(b.Next(), absl::ZeroDuration());
+TEST(Backoff, CreateRefusesBadOptionsNamingTheField) {
+  absl::StatusOr<Backoff> bad = Backoff::Create(
+      {.initial = absl::Seconds(1), .max = absl::Seconds(5), .jitter = 7});
+  EXPECT_THAT(bad.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("jitter")));
+  absl::StatusOr<Backoff> good = Backoff::Create(
+      {.initial = absl::Seconds(1), .max = absl::Seconds(5), .jitter = 0}, 7);
+  ASSERT_THAT(good.status(), IsOk());
+  EXPECT_EQ(good->Next(), absl::Seconds(1));
+  EXPECT_EQ(good->Next(), absl::Seconds(2));
+}
+
+TEST(BackoffDeathTest, ConstructorAbortsOnOptionsNobodyValidated) {
+  EXPECT_DEATH(Backoff({.initial = -absl::Seconds(1)}, 1), "initial");
 }
 
 }  // namespace

@@ -137,5 +137,28 @@ TEST(Retry, SameSeedSameDelays) {
   EXPECT_NE(delays(5), delays(6));
 }
 
+TEST(Retry, RefusesAPolicyItCannotFollowWithoutCallingFn) {
+  int calls = 0;
+  int attempts = -1;
+  absl::Status s = Retry(
+      Context(), RetryPolicy{.max_attempts = 0},
+      [&] {
+        ++calls;
+        return absl::UnavailableError("down");
+      },
+      [](int, const absl::Status&, absl::Duration) { return true; }, 1,
+      &attempts);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          HasSubstr("max_attempts")));
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(attempts, 0);
+  RetryPolicy bad_backoff{.max_attempts = 3};
+  bad_backoff.backoff.multiplier = 0.5;
+  EXPECT_THAT(
+      ValidateRetryPolicy(bad_backoff),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiplier")));
+  EXPECT_THAT(ValidateRetryPolicy({}), IsOk());
+}
+
 }  // namespace
 }  // namespace setpoint

@@ -573,7 +573,8 @@ TEST(Scheduler, CancelDuringRetryBackoffStopsPromptly) {
               return absl::UnavailableError("503");
             });
         p->set_retry_policy(
-            {.max_attempts = 100, .backoff = {.initial = absl::Hours(1)}});
+            {.max_attempts = 100,
+             .backoff = {.initial = absl::Hours(1), .max = absl::Hours(1)}});
         return ProcedureList(std::move(p));
       });
   ExecutionReport r;

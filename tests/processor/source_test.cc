@@ -650,5 +650,71 @@ TEST_F(PushSourceTest, PostsAfterTheRunnerStoppedAreRefused) {
   EXPECT_FALSE(store_.InSync());
 }
 
+TEST(PollingSourceOptionsTest, StartRefusesBadOptionsNamingTheField) {
+  SimulatedClock clock;
+  Runner runner({.clock = &clock, .logger = NullLogger()});
+  IntStore store;
+  struct Case {
+    const char* field;
+    PollingSourceOptions<int> options;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"interval", TestOptions(&clock)});
+  cases.back().options.interval = absl::ZeroDuration();
+  cases.push_back({"list_timeout", TestOptions(&clock)});
+  cases.back().options.list_timeout = -absl::Seconds(1);
+  cases.push_back({"lose_sync_after", TestOptions(&clock)});
+  cases.back().options.lose_sync_after = 0;
+  cases.push_back({"backoff", TestOptions(&clock)});
+  cases.back().options.backoff.jitter = 2;
+  for (Case& c : cases) {
+    PollingSource<std::string, int> source(
+        &runner, &store, [](const Context&) { return Map{}; },
+        std::move(c.options));
+    EXPECT_THAT(source.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr(c.field)))
+        << c.field;
+    EXPECT_FALSE(source.PollIfDue()) << "a refused source never lists";
+  }
+}
+
+TEST(PollingSourceOptionsTest, DefaultsToTheRunnersClock) {
+  SimulatedClock clock;
+  Runner runner({.clock = &clock, .logger = NullLogger()});
+  IntStore store;
+  PollingSourceOptions<int> options = TestOptions(nullptr);
+  options.manual = true;
+  int lists = 0;
+  PollingSource<std::string, int> source(
+      &runner, &store,
+      [&](const Context&) {
+        ++lists;
+        return Map{};
+      },
+      options);
+  ASSERT_THAT(source.Start(), IsOk());
+  EXPECT_TRUE(source.PollIfDue());
+  EXPECT_FALSE(source.PollIfDue());  // Not due before the interval.
+  clock.AdvanceTime(kInterval);      // Only the runner's clock moves.
+  EXPECT_TRUE(source.PollIfDue());
+  EXPECT_EQ(lists, 2);
+}
+
+#ifndef NDEBUG
+TEST(StoreDeathTest, RunnerOnlyCallsAbortOffTheRunnerInDebugBuilds) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Runner runner({.logger = NullLogger()});
+        IntStore store;
+        PushSource<std::string, int> source(&runner, &store);
+        (void)runner.Start();
+        (void)AwaitCondition([&] { return !runner.OnRunner(); });
+        store.Set("a", 1);
+      },
+      "runner-only call off runner");
+}
+#endif
+
 }  // namespace
 }  // namespace setpoint

@@ -274,5 +274,16 @@ TEST_F(InMemoryNodeRegistryTest, DrainsAreForgottenWithTheStateAndRestored) {
   EXPECT_THAT(r->drained, ElementsAre("a"));
 }
 
+TEST(InMemoryNodeRegistryClock, DefaultsToTheMonotonicClockLikeTheManager) {
+  InMemoryNodeRegistry registry;
+  const absl::Time before = Clock::Monotonic()->Now();
+  absl::StatusOr<RegistryDescription> d =
+      registry.Describe(Context::Background());
+  const absl::Time after = Clock::Monotonic()->Now();
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_GE(d->server_time, before);
+  EXPECT_LE(d->server_time, after);
+}
+
 }  // namespace
 }  // namespace setpoint

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace setpoint {
@@ -42,15 +43,22 @@ absl::Status ValidateBackoffOptions(const BackoffOptions& options);
 // The delay before retry number `attempt` (from 0) without a Backoff object:
 // min(max, initial * multiplier^attempt) shortened by `jitter_fraction` (in
 // [0, 1), scaled by options.jitter). For callers that track many keys and
-// cannot afford a random engine per key.
+// cannot afford a random engine per key. `options` must be valid: the
+// components that take BackoffOptions refuse bad ones when they start.
 absl::Duration BackoffDelay(const BackoffOptions& options, int attempt,
                             double jitter_fraction);
 
 class Backoff {
  public:
-  // `options` must be valid (see ValidateBackoffOptions); invalid values are
-  // clamped to the nearest valid ones. A fixed `seed` makes the jitter
-  // reproducible; by default each Backoff gets a random seed.
+  // kInvalidArgument naming the field for bad options (ValidateBackoffOptions);
+  // use it for options that come from input. A nonzero `seed` makes the
+  // jitter reproducible; 0 picks a random one.
+  static absl::StatusOr<Backoff> Create(BackoffOptions options,
+                                        uint64_t seed = 0);
+  // `options` must be valid: invalid ones are a bug (the caller skipped
+  // ValidateBackoffOptions) and abort, naming the field. A fixed `seed`
+  // makes the jitter reproducible; by default each Backoff gets a random
+  // seed.
   explicit Backoff(BackoffOptions options = {});
   Backoff(BackoffOptions options, uint64_t seed);
 

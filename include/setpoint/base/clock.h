@@ -1,7 +1,16 @@
 // Clock: where setpoint gets time and how it waits for it.
 //
-// Every component takes a Clock* in its options (default Clock::Real()), so
-// tests can inject setpoint::testing::SimulatedClock and move time by hand.
+// Every component that waits or measures time takes a Clock* in its options,
+// so tests can inject setpoint::testing::SimulatedClock and move time by hand:
+// - A Runner defaults to Clock::Real(); the pieces that run on a runner
+//   (sources, syncers, a Controller's parts) default to the runner's clock
+//   (Runner::clock()), so a test sets the clock once.
+// - Leases and fencing default to Clock::Monotonic(), which never steps:
+//   NodeManager and InMemoryNodeRegistry (the Redis registry measures leases
+//   on the Redis server's clock).
+// - A ReconcileLoop, which runs on its own thread, takes the clock of its
+//   options (default Clock::Real()); a Scheduler the clock of the Context it
+//   is given.
 // All waits go through the clock and are cancellable with a std::stop_token.
 //
 //   Mutex mu; CondVar cv; bool ready = false;

@@ -30,8 +30,7 @@ namespace setpoint {
 
 // How often to try an operation before its failure counts.
 struct RetryPolicy {
-  // Attempts in total, the first included; 1 means no retry. Values below 1
-  // count as 1.
+  // Attempts in total, the first included; 1 means no retry (>= 1).
   // Default: 1.
   int max_attempts = 1;
   // Delays between attempts (waited on the context, so cancellable).
@@ -46,6 +45,10 @@ struct RetryPolicy {
 
 // Returns whether `policy` would retry after `error` (ignoring attempts).
 bool IsRetryable(const RetryPolicy& policy, const absl::Status& error);
+
+// Returns kInvalidArgument naming the field when `policy` is unusable:
+// max_attempts < 1 or bad backoff options (ValidateBackoffOptions).
+absl::Status ValidateRetryPolicy(const RetryPolicy& policy);
 
 namespace internal {
 inline const absl::Status& StatusOf(const absl::Status& s) { return s; }
@@ -67,7 +70,9 @@ uint64_t RandomRetrySeed();
 // (0: random). `attempts`, if given, receives the number of calls made.
 //
 // Returns the last result of `fn`, except when `ctx` ends during a wait: then
-// ctx.Err() (kCancelled/kDeadlineExceeded) annotated with the last error.
+// ctx.Err() (kCancelled/kDeadlineExceeded) annotated with the last error. A
+// policy that ValidateRetryPolicy refuses is refused with its
+// kInvalidArgument, and `fn` is not called.
 namespace internal {
 // The slow path of Retry(), entered only after a failed first attempt, so the
 // common case (success at once) costs one call and one test.
@@ -106,6 +111,15 @@ std::invoke_result_t<Fn&> Retry(const Context& ctx, const RetryPolicy& policy,
                 "before_retry must be callable as "
                 "bool(int attempt, const absl::Status& error, "
                 "absl::Duration delay)");
+  if (ABSL_PREDICT_FALSE(
+          policy.max_attempts < 1 ||
+          policy.backoff.initial <= absl::ZeroDuration() ||
+          policy.backoff.max < policy.backoff.initial ||
+          !(policy.backoff.multiplier >= 1.0) ||
+          !(policy.backoff.jitter >= 0.0 && policy.backoff.jitter <= 1.0))) {
+    if (attempts != nullptr) *attempts = 0;
+    return Result(ValidateRetryPolicy(policy));
+  }
   if (attempts != nullptr) *attempts = 1;
   Result result = fn();
   if (ABSL_PREDICT_TRUE(internal::StatusOf(result).ok()) ||

@@ -65,6 +65,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/clock.h"
@@ -88,13 +89,16 @@ class Source {
       : runner_(runner),
         store_(store),
         logger_(logger != nullptr ? std::move(logger)
-                                  : spdlog::default_logger()) {}
+                                  : spdlog::default_logger()) {
+    store_->BindRunner(runner_);
+  }
   virtual ~Source() = default;
   Source(const Source&) = delete;
   Source& operator=(const Source&) = delete;
 
   // Runner thread. Re-scopes the store and the source to `filter`.
   void SetFilter(KeyFilter<K> filter) {
+    SETPOINT_DCHECK_ON_RUNNER(runner_);
     uint64_t generation = store_->SetFilter(filter);
     {
       MutexLock l(&mu_);
@@ -167,7 +171,7 @@ struct PollingSourceOptions {
   // Same-value test for the diff; keep it equal to the store's.
   // Default: operator==.
   std::function<bool(const V&, const V&)> equal = nullptr;
-  // Default: Clock::Real().
+  // Default: the runner's clock (Runner::clock()).
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
@@ -197,7 +201,9 @@ class PollingSource : public Source<K, V> {
   ~PollingSource() override { Stop(); }
 
   // Starts the thread ("sp-source"), which lists at once; in manual mode
-  // starts nothing. kFailedPrecondition if already started.
+  // starts nothing. kFailedPrecondition if already started; kInvalidArgument
+  // naming the field for bad options (interval <= 0, list_timeout < 0,
+  // lose_sync_after < 1, bad backoff), and then nothing starts.
   absl::Status Start();
   // Cancels a list in progress (its context) and joins. Idempotent.
   void Stop();
@@ -335,16 +341,36 @@ PollingSource<K, V>::PollingSource(Runner* runner, Store<K, V>* store,
     : Source<K, V>(runner, store, options.logger),
       list_(std::move(list)),
       options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
-      jitter_(std::random_device{}()) {
-  if (options_.lose_sync_after < 1) options_.lose_sync_after = 1;
-}
+      clock_(options_.clock != nullptr ? options_.clock : runner->clock()),
+      jitter_(std::random_device{}()) {}
 
 template <class K, class V>
 absl::Status PollingSource<K, V>::Start() {
   if (started_) {
     return absl::FailedPreconditionError("start polling source " +
                                          options_.name + ": already started");
+  }
+  const auto invalid = [this](const std::string& field,
+                              const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start polling source ", options_.name, ": ", field, " ", what));
+  };
+  if (options_.interval <= absl::ZeroDuration()) {
+    return invalid("interval",
+                   absl::StrCat("must be > 0, got ",
+                                absl::FormatDuration(options_.interval)));
+  }
+  if (options_.list_timeout < absl::ZeroDuration()) {
+    return invalid("list_timeout",
+                   absl::StrCat("must be >= 0, got ",
+                                absl::FormatDuration(options_.list_timeout)));
+  }
+  if (options_.lose_sync_after < 1) {
+    return invalid("lose_sync_after", absl::StrCat("must be >= 1, got ",
+                                                   options_.lose_sync_after));
+  }
+  if (absl::Status s = ValidateBackoffOptions(options_.backoff); !s.ok()) {
+    return invalid("backoff", std::string(s.message()));
   }
   started_ = true;
   if (options_.manual) return absl::OkStatus();

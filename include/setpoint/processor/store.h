@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
+#include "setpoint/processor/runner.h"
 #include "setpoint/processor/synchronizable.h"
 #include "spdlog/logger.h"
 #include "spdlog/spdlog.h"
@@ -114,15 +115,36 @@ class Store : public Synchronizable {
 
   explicit Store(StoreOptions<V> options = {});
 
+  // Ties the store to `runner`: from then on, builds without NDEBUG check
+  // that every call below runs on it (SETPOINT_DCHECK_ON_RUNNER). The
+  // sources, transformers and syncers that use the store call it; a second,
+  // different runner is a bug and aborts. Call before the runner starts.
+  void BindRunner(const Runner* runner) {
+    SETPOINT_CHECK_MSG(runner_ == nullptr || runner_ == runner,
+                       "store {} used on two runners", name());
+    runner_ = runner;
+  }
+
   // The value of `key`, or nullptr. Valid until the next change.
   const V* Find(const K& key) const;
-  const Map& items() const { return items_; }
-  size_t size() const { return items_.size(); }
-  const StoreStats& stats() const { return stats_; }
+  const Map& items() const {
+    CheckOnRunner();
+    return items_;
+  }
+  size_t size() const {
+    CheckOnRunner();
+    return items_.size();
+  }
+  // Runner thread only, like every other method here.
+  const StoreStats& stats() const {
+    CheckOnRunner();
+    return stats_;
+  }
 
   // Calls `listener` after every change. Listeners run in subscription order
   // and must not change this store from inside the call.
   void Subscribe(Listener listener) {
+    CheckOnRunner();
     listeners_.push_back(std::move(listener));
   }
 
@@ -132,8 +154,14 @@ class Store : public Synchronizable {
   bool Delete(const K& key);
   // Applies a source's update (see StoreUpdate).
   void Apply(StoreUpdate<K, V> update);
-  void MarkSynced() { SetSelfSynced(true); }
-  void MarkLostSync() { SetSelfSynced(false); }
+  void MarkSynced() {
+    CheckOnRunner();
+    SetSelfSynced(true);
+  }
+  void MarkLostSync() {
+    CheckOnRunner();
+    SetSelfSynced(false);
+  }
 
   // Re-scopes the store: forgets keys outside `filter` (kForget), loses sync
   // until the source lists within the new filter, and drops updates listed
@@ -146,6 +174,9 @@ class Store : public Synchronizable {
   bool Selected(const K& key) const { return !filter_ || filter_(key); }
 
  private:
+  void CheckOnRunner() const {
+    if (runner_ != nullptr) SETPOINT_DCHECK_ON_RUNNER(runner_);
+  }
   bool Equal(const V& a, const V& b) const {
     return equal_ ? equal_(a, b) : a == b;
   }
@@ -162,6 +193,8 @@ class Store : public Synchronizable {
   uint64_t generation_ = 0;
   std::vector<Listener> listeners_;
   StoreStats stats_;
+  // The runner the store is used on (BindRunner); null: not checked.
+  const Runner* runner_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------
@@ -175,12 +208,14 @@ Store<K, V>::Store(StoreOptions<V> options)
 
 template <class K, class V>
 const V* Store<K, V>::Find(const K& key) const {
+  CheckOnRunner();
   auto it = items_.find(key);
   return it == items_.end() ? nullptr : &it->second;
 }
 
 template <class K, class V>
 bool Store<K, V>::Set(K key, V value) {
+  CheckOnRunner();
   if (!Selected(key)) {
     ++stats_.ignored;
     return false;
@@ -204,6 +239,7 @@ bool Store<K, V>::Set(K key, V value) {
 
 template <class K, class V>
 bool Store<K, V>::Delete(const K& key) {
+  CheckOnRunner();
   auto node = items_.extract(key);
   if (node.empty()) return false;
   ++stats_.deletes;
@@ -213,6 +249,7 @@ bool Store<K, V>::Delete(const K& key) {
 
 template <class K, class V>
 void Store<K, V>::Apply(StoreUpdate<K, V> update) {
+  CheckOnRunner();
   if (update.generation != generation_) {
     ++stats_.ignored;
     SPDLOG_LOGGER_DEBUG(logger_,
@@ -248,6 +285,7 @@ void Store<K, V>::Apply(StoreUpdate<K, V> update) {
 
 template <class K, class V>
 uint64_t Store<K, V>::SetFilter(KeyFilter<K> filter) {
+  CheckOnRunner();
   filter_ = std::move(filter);
   ++generation_;
   MarkLostSync();

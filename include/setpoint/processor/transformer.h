@@ -118,9 +118,16 @@ class Transformer : public Synchronizable {
 
   // Schedules a snapshot as if an input had changed (for inputs that are not
   // stores, such as a timer or configuration).
-  void Invalidate() { ScheduleSnapshot(options_.accumulation_window); }
+  void Invalidate() {
+    SETPOINT_DCHECK_ON_RUNNER(runner_);
+    ScheduleSnapshot(options_.accumulation_window);
+  }
 
-  const TransformerStats& stats() const { return stats_; }
+  // Runner thread only.
+  const TransformerStats& stats() const {
+    SETPOINT_DCHECK_ON_RUNNER(runner_);
+    return stats_;
+  }
 
  protected:
   void OnInputsSyncChanged(bool inputs_in_sync) override;
@@ -169,6 +176,8 @@ Transformer<K, D>::Transformer(Runner* runner, DesiredSink<K, D>* sink,
 template <class K, class D>
 template <class IK, class IV>
 void Transformer<K, D>::Watch(Store<IK, IV>* store) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
+  store->BindRunner(runner_);
   store->Subscribe(
       [this, alive = std::weak_ptr<char>(alive_)](const Change<IK, IV>&) {
         if (alive.expired()) return;
@@ -186,6 +195,8 @@ void Transformer<K, D>::Watch(
     std::type_identity_t<
         absl::AnyInvocable<DesiredDiff<K, D>(const Change<IK, IV>&)>>
         hook) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
+  store->BindRunner(runner_);
   store->Subscribe(
       [this, alive = std::weak_ptr<char>(alive_),
        hook = std::move(hook)](const Change<IK, IV>& change) mutable {

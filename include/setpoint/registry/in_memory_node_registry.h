@@ -30,8 +30,11 @@
 namespace setpoint {
 
 struct InMemoryNodeRegistryOptions {
-  // Leases expire on this clock.
-  // Default: Clock::Real().
+  // Leases expire on this clock, and Describe() reports its times on it
+  // (server_time, lease expiries, drained since): compare them with
+  // server_time; with the monotonic default they are not dates. Must not
+  // step, like NodeManagerOptions::clock.
+  // Default: Clock::Monotonic().
   Clock* clock = nullptr;
 };
 
