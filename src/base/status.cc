@@ -1,5 +1,6 @@
 #include "setpoint/base/status.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/cord.h"
@@ -21,18 +22,20 @@ absl::Status Annotate(const absl::Status& status, std::string_view message) {
   return annotated;
 }
 
+const std::vector<absl::StatusCode>& TerminalErrorCodes() {
+  static const std::vector<absl::StatusCode>* const codes =
+      new std::vector<absl::StatusCode>{absl::StatusCode::kInvalidArgument,
+                                        absl::StatusCode::kPermissionDenied,
+                                        absl::StatusCode::kFailedPrecondition,
+                                        absl::StatusCode::kUnimplemented,
+                                        absl::StatusCode::kUnauthenticated,
+                                        absl::StatusCode::kOutOfRange};
+  return *codes;
+}
+
 bool IsTerminalError(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kOutOfRange:
-      return true;
-    default:
-      return false;
-  }
+  const std::vector<absl::StatusCode>& codes = TerminalErrorCodes();
+  return std::find(codes.begin(), codes.end(), status.code()) != codes.end();
 }
 
 namespace {

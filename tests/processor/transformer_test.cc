@@ -348,5 +348,28 @@ TEST_F(TransformerTest, ADestroyedTransformerNoLongerHearsItsStores) {
   EXPECT_THAT(sink_.log, ElementsAre("replace", "synced"));
 }
 
+TEST(TransformerOptionsTest, ValidateNamesTheField) {
+  EXPECT_TRUE(ValidateTransformerOptions({}).ok());
+  absl::Status s = ValidateTransformerOptions(
+      {.name = "web", .accumulation_window = -absl::Seconds(1)});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::AllOf(::testing::HasSubstr("web"),
+                               ::testing::HasSubstr("accumulation_window")));
+}
+
+TEST(TransformerDeathTest, ConstructorAbortsOnOptionsNobodyValidated) {
+  const auto build = [] {
+    SimulatedClock clock;
+    Runner runner({.clock = &clock, .logger = NullLogger()});
+    RecordingSink sink;
+    TransformerOptions bad{.accumulation_window = -absl::Seconds(1),
+                           .logger = NullLogger()};
+    Transformer<std::string, int> t(
+        &runner, &sink, [] { return Map{}; }, std::move(bad));
+  };
+  EXPECT_DEATH(build(), "accumulation_window");
+}
+
 }  // namespace
 }  // namespace setpoint

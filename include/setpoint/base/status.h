@@ -17,6 +17,7 @@
 #include <optional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -28,9 +29,14 @@ namespace setpoint {
 // An OK status is returned unchanged. The code and payloads are kept.
 absl::Status Annotate(const absl::Status& status, std::string_view message);
 
-// Returns true for codes that a retry cannot fix: kInvalidArgument,
-// kPermissionDenied, kFailedPrecondition, kUnimplemented, kUnauthenticated and
-// kOutOfRange. Used as the default "do not retry" rule across setpoint.
+// The codes a retry cannot fix, setpoint's one definition of a terminal
+// error: kInvalidArgument, kPermissionDenied, kFailedPrecondition,
+// kUnimplemented, kUnauthenticated and kOutOfRange. RetryPolicy (through
+// IsTerminalError) and SyncerOptions::terminal_codes default to it.
+const std::vector<absl::StatusCode>& TerminalErrorCodes();
+
+// Returns true when `status`'s code is one of TerminalErrorCodes(): the
+// default "do not retry" rule across setpoint.
 bool IsTerminalError(const absl::Status& status);
 
 // Returns `status` carrying a retry-after hint: the caller asks to be retried

@@ -44,6 +44,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/format.h"
@@ -79,12 +81,24 @@ class DesiredSink {
 struct TransformerOptions {
   // Default: "transformer".
   std::string name = "transformer";
-  // Changes are gathered this long before the snapshot runs again.
+  // Changes are gathered this long before the snapshot runs again (>= 0).
   // Default: 100 ms.
   absl::Duration accumulation_window = absl::Milliseconds(100);
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
+
+// Returns kInvalidArgument naming the field when `options` is unusable
+// (accumulation_window < 0). A Controller refuses such a transform at Start;
+// a Transformer built directly checks it in its constructor.
+inline absl::Status ValidateTransformerOptions(const TransformerOptions& o) {
+  if (o.accumulation_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transformer ", o.name, ": accumulation_window must be >= 0, got ",
+        absl::FormatDuration(o.accumulation_window)));
+  }
+  return absl::OkStatus();
+}
 
 // Counters for operators and tests.
 struct TransformerStats {
@@ -101,6 +115,8 @@ class Transformer : public Synchronizable {
   using SnapshotFn = absl::AnyInvocable<DesiredMap()>;
 
   // `snapshot` may be null when every input is watched with a hook.
+  // `options` must pass ValidateTransformerOptions; bad ones are a bug and
+  // abort, naming the field.
   Transformer(Runner* runner, DesiredSink<K, D>* sink, SnapshotFn snapshot,
               TransformerOptions options = {});
   ~Transformer() override { timer_.Cancel(); }
@@ -169,6 +185,8 @@ Transformer<K, D>::Transformer(Runner* runner, DesiredSink<K, D>* sink,
                                          : spdlog::default_logger()) {
   // With no inputs yet, a transformer without a snapshot is trivially
   // complete; one with a snapshot waits for its first run.
+  const absl::Status valid = ValidateTransformerOptions(options_);
+  SETPOINT_CHECK_MSG(valid.ok(), "{}", std::string(valid.message()));
   if (snapshot_ == nullptr) SetSelfSynced(true);
   sink_->DependOnDesired(this);
 }
