@@ -703,16 +703,15 @@ TEST(PollingSourceOptionsTest, DefaultsToTheRunnersClock) {
 #ifndef NDEBUG
 TEST(StoreDeathTest, RunnerOnlyCallsAbortOffTheRunnerInDebugBuilds) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        Runner runner({.logger = NullLogger()});
-        IntStore store;
-        PushSource<std::string, int> source(&runner, &store);
-        (void)runner.Start();
-        (void)AwaitCondition([&] { return !runner.OnRunner(); });
-        store.Set("a", 1);
-      },
-      "runner-only call off runner");
+  const auto set_off_runner = [] {
+    Runner runner({.logger = NullLogger()});
+    IntStore store;
+    PushSource<std::string, int> source(&runner, &store);
+    (void)runner.Start();
+    (void)AwaitCondition([&] { return !runner.OnRunner(); });
+    store.Set("a", 1);
+  };
+  EXPECT_DEATH(set_off_runner(), "runner-only call off runner");
 }
 #endif
 

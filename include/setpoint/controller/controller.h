@@ -608,6 +608,7 @@ class Controller : public Node {
   // The assignment last given to UpdateShardRange, even if that handoff
   // reported work still running (any thread).
   Assignment assignment() const;
+  // Any thread.
   ControllerStats stats() const;
   const NodeInfo& info() const { return info_; }
   // Node: what the pieces last published (options.status_interval): stuck

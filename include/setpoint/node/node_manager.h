@@ -193,6 +193,7 @@ class NodeManager {
 
   const std::string& pod_id() const { return pod_id_; }
   std::vector<NodeState> Nodes() const;
+  // Any thread.
   NodeManagerStats stats() const;
   // For probes and status pages, from any thread (the nodes' Report is
   // called without the manager's lock):

@@ -169,6 +169,7 @@ class ReconcileLoop {
 
   // The report of the last finished execution, if any.
   std::optional<ExecutionReport> last_report() const;
+  // Any thread.
   ReconcileLoopStats stats() const;
 
  private:

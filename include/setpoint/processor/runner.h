@@ -207,6 +207,7 @@ class Runner {
   // runner default to it. Thread-safe.
   Clock* clock() const { return clock_; }
 
+  // Any thread.
   RunnerStats stats() const;
   const std::string& name() const { return name_; }
   // How long the started runner has been busy without finishing a batch of

@@ -222,6 +222,7 @@ class PollingSource : public Source<K, V> {
   // or the backoff (after a failed one).
   absl::Time NextPollTime() const;
 
+  // Any thread.
   PollingSourceStats stats() const {
     MutexLock l(&mu_);
     return stats_;
