@@ -62,8 +62,8 @@ constexpr bool kSlowBuild = false;
 constexpr bool kSlowBuild = false;
 #endif
 
-constexpr int kManualSeeds = kSlowBuild ? 40 : 200;
-constexpr int kStartedSeeds = kSlowBuild ? 8 : 40;
+constexpr int kManualSeeds = kSlowBuild ? 30 : 150;
+constexpr int kStartedSeeds = kSlowBuild ? 6 : 24;
 
 // The seeds to run: 1..fixed, plus SETPOINT_RUNNER_DIFF_SEEDS random ones,
 // or only SETPOINT_RUNNER_DIFF_SEED.
