@@ -1,6 +1,6 @@
 // Benchmarks for the Processor's Runner: events per second from one and two
-// producer threads through a started runner, and timers scheduled and fired
-// (or cancelled).
+// producer threads through a started runner (also with busy threads taking
+// the cores), and timers scheduled and fired (or cancelled).
 //
 //   build/release/bench/processor_bench --benchmark_repetitions=5
 //
@@ -22,13 +22,12 @@ namespace {
 
 // N producer threads each post kPerProducer events that bump a counter on
 // the runner; an iteration ends when the runner has run them all.
-void BM_RunnerPost(benchmark::State& state) {
-  const int producers = static_cast<int>(state.range(0));
+// With metrics the runner publishes its series (and times 1 event in 64).
+void RunPosts(benchmark::State& state, int producers, bool with_metrics) {
   constexpr int64_t kPerProducer = 1'000'000;
-  // metrics=1: the runner publishes its series (and times 1 event in 64).
   MetricsRegistry metrics;
   Runner runner({.name = "bench",
-                 .metrics = state.range(1) != 0 ? &metrics : nullptr,
+                 .metrics = with_metrics ? &metrics : nullptr,
                  .logger = ::setpoint::testing::NullLogger()});
   if (!runner.Start().ok()) {
     state.SkipWithError("runner did not start");
@@ -59,12 +58,39 @@ void BM_RunnerPost(benchmark::State& state) {
   }
   state.SetItemsProcessed(executed);
 }
+
+void BM_RunnerPost(benchmark::State& state) {
+  RunPosts(state, static_cast<int>(state.range(0)), state.range(1) != 0);
+}
 BENCHMARK(BM_RunnerPost)
     ->ArgNames({"producers", "metrics"})
     ->Args({1, 0})
     ->Args({1, 1})
     ->Args({2, 0})
     ->Args({2, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// BM_RunnerPost on a machine with more runnable threads than cores: `busy`
+// threads spin for the whole run (as other processes would; start them
+// outside instead to load every process of the machine, see README.md).
+// Shows whether the runner's waiting takes the producers' cores.
+void BM_RunnerPostOversubscribed(benchmark::State& state) {
+  std::atomic<bool> done{false};
+  std::vector<std::jthread> busy;
+  for (int64_t i = 0; i < state.range(1); ++i) {
+    busy.emplace_back([&done] {
+      uint64_t n = 0;
+      while (!done.load(std::memory_order_relaxed))
+        benchmark::DoNotOptimize(++n);
+    });
+  }
+  RunPosts(state, static_cast<int>(state.range(0)), false);
+  done = true;
+}
+BENCHMARK(BM_RunnerPostOversubscribed)
+    ->ArgNames({"producers", "busy"})
+    ->Args({2, 2})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -49,6 +49,21 @@
 // off, and while a producer is ahead it reads a few cache lines behind it,
 // so the two cores do not trade the lines being written.
 //
+// Pausing pays only while the producers have cores of their own. How many
+// rounds of a spin pause adapts: a spin that found work while pausing earns
+// the next one as many rounds and one more, a spin that found nothing costs
+// the next one two, and a round of pauses that took far longer than it
+// should (the runner lost its core: more threads want to run than there are
+// cores, and pausing only delays them) drops it to the minimum and turns the
+// rest of the spin into yields, which give the core away.
+// A head slot that is claimed but not yet published (its producer may have
+// lost its core between the two) is waited for asleep, not by spinning: the
+// producer wakes the runner after publishing, and a short timeout covers a
+// producer that read `sleeping` just before it was set. A producer that
+// finds the next segment not yet linked spins briefly, yields, and then
+// sleeps until the producer that links it is done (which signals only when
+// someone waits: one load per segment otherwise).
+//
 // Timers live in a table of slots (closure, origin, posting number and
 // state) under the mutex; a binary min-heap of small entries (time, posting
 // number, slot) orders them, ties by posting order. Cancel() destroys the
@@ -81,6 +96,19 @@ int64_t SteadyNanos() {
 constexpr size_t kPooledSegments = 4;
 // How far ahead of the head the idle runner looks first (slots).
 constexpr uint64_t kLookahead = 32;
+// The idle runner's spin: kSpinRounds rounds, first up to kPauseRounds of
+// pauses (8 << n / 2 in the nth), then yields. How many rounds pause adapts
+// to how recent spins went, down to kMinPauseRounds.
+constexpr int kSpinRounds = 24;
+constexpr int kPauseRounds = 12;
+constexpr int kMinPauseRounds = 2;
+// A round of pauses (at most 256) that took longer than this in real time
+// lost the core to another thread.
+constexpr int64_t kDescheduledNs = 100'000;
+// Waiting asleep for a claimed head slot to be published: first timeout,
+// doubled up to the last.
+constexpr int64_t kUnpublishedWaitNs = 50'000;
+constexpr int kUnpublishedWaitDoublings = 5;
 // Events run between looks at the timers.
 constexpr int64_t kBatch = 1024;
 
@@ -207,8 +235,8 @@ inline void CpuRelax() {
 #endif
 }
 
-// Waiting for another producer to finish linking a segment: spin briefly,
-// then give the core away (it may have been preempted).
+// Waiting for a producer to publish a slot it claimed (manual-mode Stop):
+// spin briefly, then give the core away (it may have been preempted).
 void Backoff(int& round) {
   if (round < 16) {
     for (int i = 0; i < (1 << (round / 4)); ++i) CpuRelax();
@@ -229,6 +257,8 @@ struct TimerHandle::Shared {
   alignas(64) std::atomic<uint64_t> tail{0};
   std::atomic<Segment*> tail_seg{nullptr};
   std::atomic<bool> sleeping{false};  // The runner sleeps (or is about to).
+  // Producers asleep in AwaitLink (rare: the linking producer lost its core).
+  std::atomic<int> link_waiters{0};
 
   // The consumer's line: the runner's thread, or the owner in manual mode
   // (Start() and join() hand it over).
@@ -242,6 +272,10 @@ struct TimerHandle::Shared {
   std::atomic<uint64_t> head_published{0};
   std::atomic<int64_t> progress_ns{0};
   std::vector<Fired> fired_cache;  // Capacity kept between batches.
+  // How many rounds the idle runner's spin may pause (SpinForWork), and how
+  // many times in a row it waited for a claimed slot to be published.
+  int pause_rounds = kPauseRounds;
+  int unpublished_waits = 0;
 
   // Post times of one event in kSampleEvery (metrics only), by position.
   struct Sample {
@@ -252,6 +286,10 @@ struct TimerHandle::Shared {
 
   alignas(64) Mutex pool_mu;
   std::vector<Segment*> pool ABSL_GUARDED_BY(pool_mu);
+
+  // Producers waiting for the next segment's link sleep here.
+  Mutex link_mu;
+  CondVar link_cv;
 
   Mutex mu;
   CondVar cv;
@@ -299,6 +337,35 @@ struct TimerHandle::Shared {
       }
     }
     delete s;
+  }
+
+  // Producer: `tail` held `marker` (a segment's last position): another
+  // producer is linking the next segment. Spins a little, then yields, then
+  // sleeps until `tail` moves. `round` counts the calls for one post.
+  void AwaitLink(uint64_t marker, int& round) {
+    if (round < 16) {
+      for (int i = 0; i < (1 << (round / 4)); ++i) CpuRelax();
+    } else if (round < 20) {
+      std::this_thread::yield();
+    } else {
+      // Sequentially consistent with LinkDone: either the linker sees the
+      // count, or this sees the new tail.
+      MutexLock l(&link_mu);
+      link_waiters.fetch_add(1, std::memory_order_seq_cst);
+      while (tail.load(std::memory_order_seq_cst) == marker) {
+        link_cv.Wait(&link_mu);
+      }
+      link_waiters.fetch_sub(1, std::memory_order_relaxed);
+    }
+    ++round;
+  }
+
+  // Producer: moved `tail` past the marker; wakes producers waiting for it.
+  void LinkDone() {
+    if (ABSL_PREDICT_FALSE(link_waiters.load(std::memory_order_seq_cst) != 0)) {
+      MutexLock l(&link_mu);
+      link_cv.SignalAll();
+    }
   }
 
   // Consumer: true when no position was claimed past the head (claimed but
@@ -755,7 +822,7 @@ absl::Status Runner::Post(Event event, const char* origin) {
     offset = t & (kLap - 1);
     if (ABSL_PREDICT_FALSE(offset == kSlots)) {
       // Another producer is linking the next segment.
-      Backoff(round);
+      s.AwaitLink(t, round);
       t = s.tail.load(std::memory_order_acquire);
       seg = s.tail_seg.load(std::memory_order_acquire);
       continue;
@@ -771,7 +838,8 @@ absl::Status Runner::Post(Event event, const char* origin) {
   }
   if (ABSL_PREDICT_FALSE(offset + 1 == kSlots)) {
     s.tail_seg.store(fresh, std::memory_order_release);
-    s.tail.fetch_add(1, std::memory_order_release);  // Past the marker.
+    s.tail.fetch_add(1, std::memory_order_seq_cst);  // Past the marker.
+    s.LinkDone();
     seg->next.store(fresh, std::memory_order_release);
   } else if (ABSL_PREDICT_FALSE(fresh != nullptr)) {
     s.PoolSegment(fresh);
@@ -964,32 +1032,62 @@ int64_t Runner::RunEvents(int64_t max, uint64_t lag) {
   return tally.ran;
 }
 
-bool Runner::AwaitWork(uint64_t* lag) {
+bool Runner::SpinForWork(uint64_t* lag) {
   TimerHandle::Shared& s = *shared_;
-  // Spin first, backing off: a producer that is posting keeps the runner
-  // awake without paying for wake-ups. At first the runner looks a few cache
-  // lines ahead of the head: when a producer got that far it reads, staying
-  // that far behind (`*lag`), so it does not pull the lines the producer
-  // is writing. Later it takes whatever is there.
-  for (int round = 0; round < 24; ++round) {
-    if (round < 12) {
-      for (int i = 0; i < (8 << (round / 2)); ++i) CpuRelax();
+  // Backing off: a producer that is posting keeps the runner awake without
+  // paying for wake-ups. At first the runner looks a few cache lines ahead
+  // of the head: when a producer got that far it reads, staying that far
+  // behind (`*lag`), so it does not pull the lines the producer is writing.
+  // Later it takes whatever is there. Rounds of pauses first (as many as
+  // recent spins earned), then yields, which give the core to whoever wants
+  // it. The first rounds are too short to be worth timing.
+  const int pause_rounds = s.pause_rounds;
+  int64_t last = 0;
+  for (int round = 0, pauses = 0; round < kSpinRounds; ++round) {
+    const bool pausing = pauses < pause_rounds;
+    if (pausing) {
+      for (int i = 0; i < (8 << (pauses / 2)); ++i) CpuRelax();
+      ++pauses;
     } else {
       std::this_thread::yield();
     }
     uint64_t pos;
-    if (round < 8 && s.PublishedAhead(kLookahead, &pos)) {
-      *lag = kLookahead;
+    const bool ahead = round < 8;
+    if (ahead ? s.PublishedAhead(kLookahead, &pos) : s.HeadSlot() != nullptr) {
+      *lag = ahead ? kLookahead : 0;
+      // Found while pausing: the pauses paid; allow one more next time.
+      if (pausing) {
+        s.pause_rounds =
+            std::min(kPauseRounds, std::max(pause_rounds, pauses + 1));
+      }
       return true;
     }
-    if (round >= 8 && s.HeadSlot() != nullptr) {
-      *lag = 0;
-      return true;
+    if (!pausing || round < 2) continue;
+    const int64_t now = SteadyNanos();
+    if (last != 0 && now - last > kDescheduledNs) {
+      // Lost the core while pausing: more threads want to run than there
+      // are cores, and pausing only delays them. Yield from here on.
+      s.pause_rounds = kMinPauseRounds;
+      pauses = pause_rounds;
     }
+    last = now;
+  }
+  // Nothing came: pause less next time.
+  s.pause_rounds = std::max(kMinPauseRounds, pause_rounds - 2);
+  return false;
+}
+
+bool Runner::AwaitWork(uint64_t* lag) {
+  TimerHandle::Shared& s = *shared_;
+  if (SpinForWork(lag)) {
+    s.unpublished_waits = 0;
+    return true;
   }
   *lag = 0;
   s.mu.Lock();
-  if (s.stopping && s.QueueEmpty()) {
+  // Due timers first: one posted just before Stop() runs (has_timers may
+  // have been read before it was posted).
+  if (s.stopping && s.QueueEmpty() && s.NextTimer() > clock_->Now()) {
     std::vector<Event> timers;
     const int64_t dropped = s.DropTimers(timers);
     s.mu.Unlock();
@@ -1007,10 +1105,26 @@ bool Runner::AwaitWork(uint64_t* lag) {
   s.waiting = true;
   s.sleeping.store(true, std::memory_order_seq_cst);
   if (s.QueueEmpty()) {
+    s.unpublished_waits = 0;
     clock_->AwaitWithDeadline(&s.mu, &s.cv, next, {}, [&s] {
       s.mu.AssertHeld();
       return s.wake || s.stopping;
     });
+  } else if (s.HeadSlot() == nullptr) {
+    // Claimed but not published: its producer lost its core in between, or
+    // is about to publish. Its post wakes the runner if it sees `sleeping`;
+    // the timeout covers one that read it just before. The timers wait (a
+    // little) too.
+    const int64_t wait_ns = kUnpublishedWaitNs
+                            << std::min(s.unpublished_waits++,
+                                        kUnpublishedWaitDoublings);
+    s.cv.WaitUntil(
+        &s.mu, {},
+        std::chrono::steady_clock::now() + std::chrono::nanoseconds(wait_ns),
+        [&s] {
+          s.mu.AssertHeld();
+          return s.wake || s.stopping || s.HeadSlot() != nullptr;
+        });
   }
   s.progress_ns.store(CoarseNanos(), std::memory_order_release);
   s.sleeping.store(false, std::memory_order_relaxed);

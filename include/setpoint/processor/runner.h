@@ -235,6 +235,10 @@ class Runner {
   // be work; sets the `lag` for RunEvents. Returns false once stopped with
   // nothing left to run.
   bool AwaitWork(uint64_t* lag);
+  // AwaitWork's spin (pausing for as many rounds as recent spins earned,
+  // then yielding): returns true (and sets `lag`) when a published event
+  // came up.
+  bool SpinForWork(uint64_t* lag);
   // Manual mode Stop: destroys the queued events; returns how many.
   int64_t DropQueuedEvents();
 
