@@ -744,6 +744,11 @@ absl::Status Runner::Start() {
     return absl::FailedPreconditionError("start runner " + name_ +
                                          ": already started");
   }
+  if (slow_threshold_ < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start runner ", name_, ": slow_event_threshold must be >= 0, got ",
+        absl::FormatDuration(slow_threshold_)));
+  }
   started_.store(true, std::memory_order_release);
   thread_ = std::jthread([this] {
     pthread_setname_np(pthread_self(), "sp-runner");

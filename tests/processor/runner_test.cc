@@ -90,6 +90,15 @@ TEST(RunnerDeathTest, DcheckOnRunnerAbortsOffTheRunnerInDebugBuilds) {
 }
 #endif
 
+TEST(Runner, StartRefusesBadOptionsNamingTheField) {
+  SimulatedClock clock;
+  RunnerOptions o = Options(&clock);
+  o.slow_event_threshold = -absl::Milliseconds(1);
+  Runner runner(std::move(o));
+  EXPECT_THAT(runner.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("slow_event_threshold")));
+}
+
 TEST(Runner, ManualModeRunsEventsInOrderIncludingWhatTheyPost) {
   SimulatedClock clock;
   Runner runner(Options(&clock));

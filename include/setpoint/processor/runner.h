@@ -61,7 +61,8 @@ struct RunnerOptions {
   // Default: Clock::Real().
   Clock* clock = Clock::Real();
   // Events that take longer (measured on the monotonic clock, coarse: a few
-  // milliseconds of resolution) are logged as warnings. Zero disables it.
+  // milliseconds of resolution) are logged as warnings. Zero disables it;
+  // a negative value is refused by Start.
   // Default: 100 ms.
   absl::Duration slow_event_threshold = absl::Milliseconds(100);
   // Where the runner publishes setpoint_runner_* (docs/operations.md),
@@ -149,7 +150,7 @@ class Runner {
   Runner& operator=(const Runner&) = delete;
 
   // Starts the runner's thread ("sp-runner"). kFailedPrecondition if already
-  // started or stopped.
+  // started or stopped; kInvalidArgument naming the field for bad options.
   absl::Status Start();
   // See the file comment. Idempotent; joins the thread.
   void Stop();
