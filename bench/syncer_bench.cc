@@ -223,11 +223,9 @@ void BM_SyncerIngest(benchmark::State& state) {
     Runner runner(
         {.name = "bench", .metrics = m, .logger = testing::NullLogger()});
     SlowWorld world(&runner);
-    IntSyncer syncer(&runner, &world,
-                     {.name = "bench",
-                      .max_in_flight = 8,
-                      .metrics = m,
-                      .logger = testing::NullLogger()});
+    IntSyncer syncer(
+        &runner, &world,
+        {.name = "bench", .metrics = m, .logger = testing::NullLogger()});
     world.set_syncer(&syncer);
     syncer.MarkDesiredComplete();
     if (!syncer.Start().ok() || !runner.Start().ok()) {
@@ -496,6 +494,7 @@ void BM_SyncerApply(benchmark::State& state) {
 }
 BENCHMARK(BM_SyncerApply)
     ->ArgNames({"max_in_flight", "updaters"})
+    ->Args({64, 0})
     ->Args({8, 0})
     ->Args({256, 1})
     ->Args({256, 2})
