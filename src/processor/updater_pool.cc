@@ -22,7 +22,9 @@
 // Wake-ups: before sleeping, one thread at a time spins briefly watching
 // `has_work_`; Notify wakes a sleeper only when no thread spins. The
 // spinner re-checks the ring under the mutex before it sleeps, so a queue
-// added while it gave up is not missed.
+// added while it gave up is not missed. A thread that takes a queue and
+// leaves others in the ring wakes a sleeper for them, so a queue never
+// waits for a thread while one sleeps.
 
 namespace setpoint {
 namespace {
@@ -148,6 +150,12 @@ void UpdaterPool::Loop(std::stop_token stop) {
         queue->in_ring_ = false;
         ++queue->serving_;
         has_work_.store(!ring_.empty(), std::memory_order_release);
+        // Other queues wait: a thread is woken for them in turn (a spinner
+        // that took this one does not cover them).
+        if (!ring_.empty() && sleeping_ > 0 &&
+            !spinning_.load(std::memory_order_acquire)) {
+          cv_.Signal();
+        }
       }
     }
     if (queue == nullptr) {
@@ -159,7 +167,12 @@ void UpdaterPool::Loop(std::stop_token stop) {
     const bool more = queue->Serve();
     MutexLock l(&mu_);
     --queue->serving_;
-    if (more && queue->attached_ && !queue->in_ring_) {
+    if (more && queue->attached_) {
+      // Behind the others, also when a helper request put it in the ring
+      // during its turn: one turn at a time.
+      if (queue->in_ring_) {
+        ring_.erase(std::find(ring_.begin(), ring_.end(), queue));
+      }
       queue->in_ring_ = true;
       ring_.push_back(queue);
       has_work_.store(true, std::memory_order_release);
