@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,12 +32,15 @@ using ::testing::HasSubstr;
 using IntSyncer = Syncer<std::string, int, int>;
 using IntFake = FakeClient<std::string, int, int>;
 
-// Threads of this process now.
-int ThreadCount() {
+// Threads of this process named "sp-updater" now.
+int UpdaterThreads() {
   int n = 0;
   if (DIR* dir = opendir("/proc/self/task")) {
     while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] != '.') ++n;
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
+      std::string name;
+      if (std::getline(comm, name) && name == "sp-updater") ++n;
     }
     closedir(dir);
   }
@@ -102,23 +106,27 @@ TEST(UpdaterPoolTest, InvalidOptionsAreRefusedNamingTheField) {
 }
 
 TEST(UpdaterPoolTest, APrivatePoolHasUpdaterThreadsOrOnePerSlotUpToEight) {
-  const int base = ThreadCount();
+  const int base = UpdaterThreads();
   {
     Node node("default", {});
     ASSERT_THAT(node.syncer->Start(), IsOk());  // Runner not started.
-    EXPECT_EQ(ThreadCount() - base, 8);         // max_in_flight 64: 8.
+    // Threads name themselves once running: poll. max_in_flight 64: 8.
+    EXPECT_TRUE(AwaitCondition([&] { return UpdaterThreads() - base == 8; }))
+        << UpdaterThreads() - base;
   }
   {
     Node node("three", {.max_in_flight = 16, .updater_threads = 3});
     ASSERT_THAT(node.syncer->Start(), IsOk());
-    EXPECT_EQ(ThreadCount() - base, 3);
+    EXPECT_TRUE(AwaitCondition([&] { return UpdaterThreads() - base == 3; }))
+        << UpdaterThreads() - base;
   }
   {
     Node node("two", {.max_in_flight = 2});
     ASSERT_THAT(node.syncer->Start(), IsOk());
-    EXPECT_EQ(ThreadCount() - base, 2);
+    EXPECT_TRUE(AwaitCondition([&] { return UpdaterThreads() - base == 2; }))
+        << UpdaterThreads() - base;
   }
-  EXPECT_EQ(ThreadCount(), base);
+  EXPECT_EQ(UpdaterThreads(), base);
 }
 
 TEST(UpdaterPoolTest, SyncersSharingAPoolStartNoThreadsOfTheirOwn) {
@@ -131,11 +139,9 @@ TEST(UpdaterPoolTest, SyncersSharingAPoolStartNoThreadsOfTheirOwn) {
                                                          .pool = &pool,
                                                      }));
   }
-  const int before = ThreadCount();
-  for (auto& node : nodes) ASSERT_THAT(node->syncer->Start(), IsOk());
-  EXPECT_EQ(ThreadCount(), before);  // Only the runners below add threads.
-  for (auto& node : nodes) ASSERT_THAT(node->runner.Start(), IsOk());
-  EXPECT_EQ(ThreadCount(), before + 10);
+  ASSERT_TRUE(AwaitCondition([&] { return UpdaterThreads() == 2; }));
+  for (auto& node : nodes) ASSERT_THAT(node->Start(), IsOk());
+  EXPECT_EQ(UpdaterThreads(), 2);  // The pool's, none per syncer.
   for (auto& node : nodes) {
     for (int k = 0; k < 50; ++k) node->SetDesired(absl::StrCat("k", k), k);
   }

@@ -552,8 +552,8 @@ class Syncer : public Synchronizable,
   mutable int awaiters_ ABSL_GUARDED_BY(mu_) = 0;
   mutable CondVar call_done_;  // A running call ended.
   // Where calls run: options_.pool or own_pool_ (null in manual mode).
-  UpdaterPool* pool_ = nullptr;
-  std::unique_ptr<UpdaterPool> own_pool_;
+  UpdaterPool* pool_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::unique_ptr<UpdaterPool> own_pool_;  // Owner thread (Start, Stop).
 
   // Metric cells (null without options_.metrics): operations by op and
   // result, their durations by op, and the counters below.
@@ -800,10 +800,11 @@ absl::Status Syncer<K, D, O>::Start() {
     started_ = true;
   }
   int threads = 0;
+  UpdaterPool* pool = nullptr;
   if (o.manual_updates) {
     // Calls run in RunQueuedCalls.
   } else if (o.pool != nullptr) {
-    pool_ = o.pool;
+    pool = o.pool;
     threads = o.pool->threads();
   } else {
     threads = o.updater_threads > 0 ? o.updater_threads
@@ -813,9 +814,20 @@ absl::Status Syncer<K, D, O>::Start() {
     if (absl::Status s = own_pool_->Start(); !s.ok()) {
       return Annotate(s, absl::StrCat("start syncer ", name()));
     }
-    pool_ = own_pool_.get();
+    pool = own_pool_.get();
   }
-  if (pool_ != nullptr) pool_->Attach(this);
+  if (pool != nullptr) {
+    pool->Attach(this);
+    bool queued;
+    {
+      // The runner may dispatch already (a syncer started on a running
+      // runner): calls handed over before now are served too.
+      MutexLock l(&mu_);
+      pool_ = pool;
+      queued = !work_.empty();
+    }
+    if (queued) pool->Notify(this);
+  }
   SPDLOG_LOGGER_INFO(logger_,
                      "syncer started syncer={} updaters={} shared_pool={} "
                      "max_in_flight={}",
@@ -836,7 +848,12 @@ void Syncer<K, D, O>::Stop() {
     }
   }
   // Waits for this syncer's calls only (a shared pool runs others').
-  if (pool_ != nullptr) pool_->Detach(this);
+  UpdaterPool* pool;
+  {
+    MutexLock l(&mu_);
+    pool = pool_;
+  }
+  if (pool != nullptr) pool->Detach(this);
   if (own_pool_ != nullptr) own_pool_->Stop();  // Joins.
   // Calls cancelled because their key left are counted there already.
   const int64_t never_started =
@@ -1487,9 +1504,11 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
   }
   if (batch.empty()) return;
   bool stopped;
+  UpdaterPool* pool;
   {
     MutexLock l(&mu_);
     stopped = stopping_;
+    pool = pool_;
     if (!stopped) {
       for (Work& w : batch) work_.items.push_back(std::move(w));
     }
@@ -1498,7 +1517,7 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     batch.clear();
     // One notification for the whole batch: the thread that takes it asks
     // for help only when it finds more queued than the call it runs.
-    if (pool_ != nullptr) pool_->Notify(this);
+    if (pool != nullptr) pool->Notify(this);
     return;
   }
   // Stopped: nothing will run these; they stay pending.
@@ -1662,7 +1681,7 @@ int Syncer<K, D, O>::ServeCalls(int max_calls, bool turn, bool* more) {
   while (true) {
     std::optional<Work> work;
     bool post = false;
-    bool help = false;
+    UpdaterPool* help = nullptr;
     {
       MutexLock l(&mu_);
       if (seat == nullptr) seat = AcquireSeat();
@@ -1689,11 +1708,11 @@ int Syncer<K, D, O>::ServeCalls(int max_calls, bool turn, bool* more) {
         // may start on them (a client blocking on IO gets one thread per
         // call; a fast one's calls are all run here before help comes).
         asked_for_help = true;
-        help = true;
+        help = pool_;
       }
     }
     if (post) PostDrain();
-    if (help && pool_ != nullptr) pool_->Notify(this);
+    if (help != nullptr) help->Notify(this);
     if (!work.has_value()) return ran;
     ++ran;
     done = Execute(*work, seat->stop);
