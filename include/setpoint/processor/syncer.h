@@ -16,8 +16,11 @@
 //
 // Guarantees (docs/syncer.md has the details and the defaults):
 // - Bursts coalesce: the intent for a key is worked out from the latest
-//   desired and observed values when an updater is free for it, so 1,000
-//   updates while an operation runs lead to at most one more operation.
+//   desired and observed values when there is room for it (fewer than
+//   max_in_flight operations handed to the updaters), so 1,000 updates
+//   while an operation runs lead to at most one more operation.
+// - Calls run on updater threads: a private pool per syncer, or an
+//   UpdaterPool shared by a pod's syncers (SyncerOptions::pool).
 // - At most one operation per key in flight, at most max_in_flight overall,
 //   optionally rate limited (token bucket) and delayed (execution_delay).
 // - A failed operation is retried for that key with capped exponential
@@ -55,8 +58,6 @@
 // the stores it observes then find it gone and do nothing.
 #ifndef SETPOINT_PROCESSOR_SYNCER_H_
 #define SETPOINT_PROCESSOR_SYNCER_H_
-
-#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
