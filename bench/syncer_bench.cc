@@ -17,6 +17,7 @@
 // Values are ints: the figures are the Syncer's own cost, not the user's.
 // Loggers are testing::NullLogger() (level info, no sinks), so the info
 // lines are formatted but written nowhere.
+#include <dirent.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <thread>
@@ -41,6 +43,7 @@
 #include "setpoint/base/context.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/syncer.h"
+#include "setpoint/processor/updater_pool.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
 
@@ -223,11 +226,9 @@ void BM_SyncerIngest(benchmark::State& state) {
     Runner runner(
         {.name = "bench", .metrics = m, .logger = testing::NullLogger()});
     SlowWorld world(&runner);
-    IntSyncer syncer(&runner, &world,
-                     {.name = "bench",
-                      .max_in_flight = 8,
-                      .metrics = m,
-                      .logger = testing::NullLogger()});
+    IntSyncer syncer(
+        &runner, &world,
+        {.name = "bench", .metrics = m, .logger = testing::NullLogger()});
     world.set_syncer(&syncer);
     syncer.MarkDesiredComplete();
     if (!syncer.Start().ok() || !runner.Start().ok()) {
@@ -496,9 +497,122 @@ void BM_SyncerApply(benchmark::State& state) {
 }
 BENCHMARK(BM_SyncerApply)
     ->ArgNames({"max_in_flight", "updaters"})
+    ->Args({64, 0})
     ->Args({8, 0})
     ->Args({256, 1})
     ->Args({256, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- Threads per pod
+// ----------------------------------------------------------
+
+// Threads of this process now (/proc/self/task).
+int64_t ProcessThreads() {
+  int64_t n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    closedir(dir);
+  }
+  return n;
+}
+
+// What a node of a pod holds that has threads, as far as the Syncer goes:
+// its Runner and one Syncer (default options: max_in_flight 64, a private
+// pool of 8 updater threads) on a no-op client. A controller node adds its
+// sources' threads, a reconcile loop's and the node's own (bench/README.md
+// says how many).
+struct PodNode {
+  PodNode(int i, UpdaterPool* pool)
+      : runner({.name = absl::StrCat("node-", i),
+                .logger = testing::NullLogger()}),
+        syncer(&runner, &client,
+               {.name = absl::StrCat("node-", i),
+                .pool = pool,
+                .logger = testing::NullLogger()}) {
+    syncer.MarkDesiredComplete();
+  }
+  ~PodNode() {
+    syncer.Stop();
+    runner.Stop();
+  }
+  Runner runner;
+  NoopClient client;
+  IntSyncer syncer;
+};
+
+// A pod of N nodes (argument 0), each a runner and a syncer, with a private
+// updater pool per syncer (shared:0, the default) or one UpdaterPool of 8
+// threads for the whole pod (shared:1). Timed (manual): starting every
+// node. Untimed: each syncer creates 10 keys, which must all arrive (the
+// pool serves every syncer), then the process's threads are counted.
+// `threads` is the count of threads the pod added (the process's threads
+// while it runs, less those before), `threads_per_node` that over N.
+void BM_SyncerThreadsPerPod(benchmark::State& state) {
+  const int nodes = static_cast<int>(state.range(0));
+  const bool shared = state.range(1) != 0;
+  const std::vector<std::string>& keys = Keys(10);
+  int64_t added = 0;
+  for (auto _ : state) {
+    const int64_t before = ProcessThreads();
+    std::unique_ptr<UpdaterPool> pool;
+    if (shared) {
+      pool = std::make_unique<UpdaterPool>(UpdaterPoolOptions{
+          .name = "pod", .threads = 8, .logger = testing::NullLogger()});
+      if (!pool->Start().ok()) {
+        state.SkipWithError("pool did not start");
+        break;
+      }
+    }
+    std::vector<std::unique_ptr<PodNode>> pod;
+    Clock::time_point t0 = Clock::now();
+    bool started = true;
+    for (int i = 0; i < nodes; ++i) {
+      pod.push_back(std::make_unique<PodNode>(i, pool.get()));
+      started = started && pod.back()->syncer.Start().ok() &&
+                pod.back()->runner.Start().ok();
+    }
+    state.SetIterationTime(Seconds(Clock::now() - t0));
+    if (!started) {
+      state.SkipWithError("a node did not start");
+      break;
+    }
+    for (auto& node : pod) {
+      (void)node->runner.Post([&keys, n = node.get()] {
+        for (const std::string& key : keys) n->syncer.SetDesired(key, 1);
+      });
+    }
+    bool done = testing::AwaitCondition(
+        [&] {
+          for (auto& node : pod) {
+            if (node->syncer.counters().creates != 10) return false;
+          }
+          return true;
+        },
+        absl::Seconds(60));
+    added = ProcessThreads() - before;
+    if (!done) {
+      state.SkipWithError("not every syncer's calls arrived");
+      break;
+    }
+    pod.clear();
+    if (pool != nullptr) pool->Stop();
+  }
+  state.counters["threads"] = static_cast<double>(added);
+  state.counters["threads_per_node"] =
+      static_cast<double>(added) / static_cast<double>(nodes);
+}
+BENCHMARK(BM_SyncerThreadsPerPod)
+    ->ArgNames({"nodes", "shared"})
+    ->Args({1, 0})
+    ->Args({10, 0})
+    ->Args({100, 0})
+    ->Args({1, 1})
+    ->Args({10, 1})
+    ->Args({100, 1})
+    ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

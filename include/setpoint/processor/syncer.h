@@ -16,8 +16,11 @@
 //
 // Guarantees (docs/syncer.md has the details and the defaults):
 // - Bursts coalesce: the intent for a key is worked out from the latest
-//   desired and observed values when an updater is free for it, so 1,000
-//   updates while an operation runs lead to at most one more operation.
+//   desired and observed values when there is room for it (fewer than
+//   max_in_flight operations handed to the updaters), so 1,000 updates
+//   while an operation runs lead to at most one more operation.
+// - Calls run on updater threads: a private pool per syncer, or an
+//   UpdaterPool shared by a pod's syncers (SyncerOptions::pool).
 // - At most one operation per key in flight, at most max_in_flight overall,
 //   optionally rate limited (token bucket) and delayed (execution_delay).
 // - A failed operation is retried for that key with capped exponential
@@ -56,8 +59,6 @@
 #ifndef SETPOINT_PROCESSOR_SYNCER_H_
 #define SETPOINT_PROCESSOR_SYNCER_H_
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -66,6 +67,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <queue>
@@ -92,6 +94,7 @@
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/synchronizable.h"
 #include "setpoint/processor/transformer.h"
+#include "setpoint/processor/updater_pool.h"
 #include "spdlog/logger.h"
 #include "spdlog/spdlog.h"
 
@@ -132,12 +135,26 @@ struct SyncerOptions {
   // Same-value test for desired values: an equal SetDesired is a no-op.
   // Default: operator== when it compiles, else every set is a change.
   std::function<bool(const D&, const D&)> desired_equal = nullptr;
-  // Operations handed to the updaters and not finished, at most (>= 1).
-  // Default: 8.
-  int max_in_flight = 8;
-  // Updater threads. 0: one per max_in_flight slot, at most 64.
+  // Operations handed to the updaters and not finished, at most (>= 1):
+  // running, or queued for a free updater thread. The calls running at once
+  // are at most this and the updater threads (8 by default), so a client
+  // that blocks on IO still gets 8 calls at a time; a fast client gets 64
+  // operations per round trip through the runner instead of 8 (each round
+  // trip may cost two thread wake-ups). An operation's values are taken
+  // when it is handed over: with more queued than threads, a call may start
+  // with values a little older than the latest (the newer ones follow in
+  // the next operation for the key).
+  // Default: 64 (was 8).
+  int max_in_flight = 64;
+  // Threads of the private updater pool (without `pool`). 0: one per
+  // max_in_flight slot, at most 8 (was at most 64).
   // Default: 0.
   int updater_threads = 0;
+  // A pool shared with other syncers (a pod's nodes): calls run on its
+  // threads, at most max_in_flight of this syncer's at once, and
+  // updater_threads is not used. The pool must outlive the syncer's Stop().
+  // Default: null (the syncer owns a private pool).
+  UpdaterPool* pool = nullptr;
   // Operations started per second, at most; 0 disables the limit.
   // Default: 0.
   double rate_limit = 0;
@@ -248,7 +265,9 @@ struct SyncerStatus {
 };
 
 template <class K, class D, class O>
-class Syncer : public Synchronizable, public DesiredSink<K, D> {
+class Syncer : public Synchronizable,
+               public DesiredSink<K, D>,
+               private UpdaterPool::Queue {
  public:
   using Client = SyncerClient<K, D, O>;
   using Options = SyncerOptions<D, O>;
@@ -364,6 +383,11 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     uint64_t in_flight_values = 0;
     bool dirty = false;
     bool queued = false;
+    // In the expectation list (awaiting an observation until expect_until),
+    // linked in expect_until order.
+    bool expect_linked = false;
+    std::pair<const K, Entry>* expect_prev = nullptr;
+    std::pair<const K, Entry>* expect_next = nullptr;
   };
   using Map = absl::node_hash_map<K, Entry>;
   using Slot = typename Map::value_type;
@@ -377,8 +401,16 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
     uint64_t desired_version;
     uint64_t observed_seq;
     uint32_t epoch;
-    std::stop_source stop;  // Cancels this call alone.
-    Context values;         // Carries the call's values.
+    Context values;          // Carries the call's values.
+    bool cancelled = false;  // Its key left before it started (under mu_).
+  };
+  // One pool thread (or the RunQueuedCalls caller) serving this syncer: the
+  // call it runs and the stop source of that call's context. A source is
+  // reused for the next call until a cancellation stops it (no allocation
+  // per call); it is replaced under mu_, where Fence and Stop use it.
+  struct Seat {
+    const Slot* slot = nullptr;  // The call running now, or null.
+    std::stop_source stop;
   };
   struct Result {
     Slot* slot;
@@ -414,26 +446,38 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   // or ready to start.
   void Evaluate(Slot& slot, absl::Time now);
   SyncOp Compute(const Entry& e) const;
-  bool ExpectationPending(Entry& e, absl::Time now) const;
+  bool ExpectationPending(Slot& slot, absl::Time now);
   void WakeAt(Slot& slot, absl::Time when);
   void ArmTimer(absl::Time when);
   void OnTimer();
   void Dispatch(absl::Time now);
   bool TakeToken(absl::Time now);
   void MaybeErase(Slot& slot);
+  // The expectation list: keys awaiting an observation, by expect_until
+  // (a FIFO in practice: expectation_timeout is one constant). No heap
+  // entry and no key copy per successful operation.
+  void Expect(Slot& slot);
+  void Unexpect(Slot& slot);
+  void Erase(Slot& slot);
 
-  void UpdaterLoop(std::stop_token stop);
-  // Takes the next call to run and records it as running; a cancelled one
-  // becomes a not-started result instead (returns nullopt then).
-  std::optional<Work> TakeWork() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UpdaterPool::Queue: runs calls for one turn on a pool thread.
+  bool Serve() override;
+  // Runs queued calls on this thread, at most `max_calls` (or until the
+  // turn's time is up when `turn`); returns how many ran and sets `*more`
+  // when calls are still queued. Pool threads and RunQueuedCalls.
+  int ServeCalls(int max_calls, bool turn, bool* more);
+  // Takes the next call to run and records it as running on `seat`; a
+  // cancelled one becomes a not-started result instead (returns nullopt).
+  std::optional<Work> TakeWork(Seat* seat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Seat* AcquireSeat() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSeat(Seat* seat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels the calls running or handed over for keys fence_ rejects;
   // returns how many.
   int64_t CancelOutsideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a finished (or never started) call's result; true when the
-  // runner must be asked to drain the results.
-  bool FinishWork(Result result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a finished call's result and clears its seat.
+  void FinishWork(Seat* seat, Result result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostDrain();
-  Result Execute(Work& work);
+  Result Execute(Work& work, const std::stop_source& stop);
   void DrainResults();
   void ApplyResult(Result& r, absl::Time now);
 
@@ -453,6 +497,10 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
   size_t with_desired_ = 0;
   std::deque<Slot*> ready_;
   std::priority_queue<Wake, std::vector<Wake>, std::greater<>> wakes_;
+  Slot* expect_head_ = nullptr;
+  Slot* expect_tail_ = nullptr;
+  std::vector<Work> dispatching_;  // Dispatch's batch, kept for capacity.
+  std::vector<Result> draining_;   // DrainResults' batch, likewise.
   TimerHandle timer_;
   absl::Time timer_at_ = absl::InfiniteFuture();
   bool stopped_on_runner_ = false;  // Stop() reached the runner.
@@ -467,19 +515,46 @@ class Syncer : public Synchronizable, public DesiredSink<K, D> {
 
   // Shared with the updater threads.
   mutable Mutex mu_;
-  CondVar cv_;
-  std::deque<Work> work_ ABSL_GUARDED_BY(mu_);
+  // Calls handed over, not taken yet, in order: a vector read from `head`
+  // (a deque would allocate a block every few calls).
+  struct WorkQueue {
+    std::vector<Work> items;
+    size_t head = 0;
+    bool empty() const { return head == items.size(); }
+    size_t size() const { return items.size() - head; }
+    auto begin() { return items.begin() + static_cast<ptrdiff_t>(head); }
+    auto end() { return items.end(); }
+    Work PopFront() {
+      Work w = std::move(items[head++]);
+      if (head == items.size()) {
+        items.clear();  // Keeps the capacity.
+        head = 0;
+      } else if (head >= 64 && head * 2 >= items.size()) {
+        items.erase(items.begin(),
+                    items.begin() + static_cast<ptrdiff_t>(head));
+        head = 0;
+      }
+      return w;
+    }
+  };
+  WorkQueue work_ ABSL_GUARDED_BY(mu_);
   std::vector<Result> results_ ABSL_GUARDED_BY(mu_);
   bool drain_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   // What Fence (or Reset) allows to start; empty: every key.
   KeyFilter<K> fence_ ABSL_GUARDED_BY(mu_);
-  // Calls running now, by entry (whose key is stable while in flight).
-  absl::flat_hash_map<const Slot*, std::stop_source> running_
-      ABSL_GUARDED_BY(mu_);
+  // Every seat made so far (one per thread serving the syncer at once);
+  // the calls running now are the seats' non-null slots.
+  std::vector<std::unique_ptr<Seat>> seats_ ABSL_GUARDED_BY(mu_);
+  std::vector<Seat*> free_seats_ ABSL_GUARDED_BY(mu_);
+  // AwaitCallsWithin callers waiting: a finished call signals call_done_
+  // only then.
+  mutable int awaiters_ ABSL_GUARDED_BY(mu_) = 0;
   mutable CondVar call_done_;  // A running call ended.
-  std::vector<std::jthread> threads_;
+  // Where calls run: options_.pool or own_pool_ (null in manual mode).
+  UpdaterPool* pool_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::unique_ptr<UpdaterPool> own_pool_;  // Owner thread (Start, Stop).
 
   // Metric cells (null without options_.metrics): operations by op and
   // result, their durations by op, and the counters below.
@@ -725,42 +800,66 @@ absl::Status Syncer<K, D, O>::Start() {
     }
     started_ = true;
   }
-  int threads = o.manual_updates        ? 0
-                : o.updater_threads > 0 ? o.updater_threads
-                                        : std::min(o.max_in_flight, 64);
-  for (int i = 0; i < threads; ++i) {
-    threads_.emplace_back([this](std::stop_token stop) {
-      pthread_setname_np(pthread_self(), "sp-updater");
-      UpdaterLoop(stop);
-    });
+  int threads = 0;
+  UpdaterPool* pool = nullptr;
+  if (o.manual_updates) {
+    // Calls run in RunQueuedCalls.
+  } else if (o.pool != nullptr) {
+    pool = o.pool;
+    threads = o.pool->threads();
+  } else {
+    threads = o.updater_threads > 0 ? o.updater_threads
+                                    : std::min(o.max_in_flight, 8);
+    own_pool_ = std::make_unique<UpdaterPool>(UpdaterPoolOptions{
+        .name = o.name, .threads = threads, .logger = logger_});
+    if (absl::Status s = own_pool_->Start(); !s.ok()) {
+      return Annotate(s, absl::StrCat("start syncer ", name()));
+    }
+    pool = own_pool_.get();
+  }
+  if (pool != nullptr) {
+    pool->Attach(this);
+    bool queued;
+    {
+      // The runner may dispatch already (a syncer started on a running
+      // runner): calls handed over before now are served too.
+      MutexLock l(&mu_);
+      pool_ = pool;
+      queued = !work_.empty();
+    }
+    if (queued) pool->Notify(this);
   }
   SPDLOG_LOGGER_INFO(logger_,
-                     "syncer started syncer={} updaters={} max_in_flight={}",
-                     name(), threads, o.max_in_flight);
+                     "syncer started syncer={} updaters={} shared_pool={} "
+                     "max_in_flight={}",
+                     name(), threads, o.pool != nullptr, o.max_in_flight);
   return absl::OkStatus();
 }
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::Stop() {
-  std::deque<Work> not_started;
+  WorkQueue not_started;
   {
     MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    not_started.swap(work_);
-    for (auto& [slot, stop] : running_) stop.request_stop();
-    cv_.SignalAll();
+    std::swap(not_started, work_);
+    for (auto& seat : seats_) {
+      if (seat->slot != nullptr) seat->stop.request_stop();
+    }
   }
-  for (auto& t : threads_) t.request_stop();
+  // Waits for this syncer's calls only (a shared pool runs others').
+  UpdaterPool* pool;
   {
     MutexLock l(&mu_);
-    cv_.SignalAll();
+    pool = pool_;
   }
-  threads_.clear();  // Joins.
+  if (pool != nullptr) pool->Detach(this);
+  if (own_pool_ != nullptr) own_pool_->Stop();  // Joins.
   // Calls cancelled because their key left are counted there already.
   const int64_t never_started =
       std::count_if(not_started.begin(), not_started.end(),
-                    [](const Work& w) { return !w.stop.stop_requested(); });
+                    [](const Work& w) { return !w.cancelled; });
   if (never_started > 0) {
     counters_.not_started_at_stop.fetch_add(never_started);
     SPDLOG_LOGGER_WARN(logger_,
@@ -919,7 +1018,9 @@ void Syncer<K, D, O>::Desire(K key, D desired, bool check) {
   if (!e.desired.has_value()) ++with_desired_;
   e.desired = std::move(desired);
   ++e.desired_version;
-  MarkDirty(*it);
+  // A key waiting in ready_ is worked out again when Dispatch reaches it,
+  // and one in flight when its result comes back: no need to mark it.
+  if (!e.queued && e.in_flight == SyncOp::kNone) MarkDirty(*it);
 }
 
 template <class K, class D, class O>
@@ -983,9 +1084,11 @@ void Syncer<K, D, O>::Observe(K key, O observed, bool check) {
     return;
   }
   auto [it, inserted] = entries_.try_emplace(std::move(key));
-  it->second.observed = std::move(observed);
-  ++it->second.observed_seq;
-  MarkDirty(*it);
+  Entry& e = it->second;
+  e.observed = std::move(observed);
+  ++e.observed_seq;
+  // As in Desire: queued and in-flight keys are worked out again anyway.
+  if (!e.queued && e.in_flight == SyncOp::kNone) MarkDirty(*it);
 }
 
 template <class K, class D, class O>
@@ -1026,9 +1129,10 @@ void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
         e.last_error = absl::OkStatus();
         e.not_before = absl::InfinitePast();
         e.expect_op = SyncOp::kNone;
+        Unexpect(*it);
       } else {
         if (e.desired.has_value()) --with_desired_;
-        entries_.erase(it);
+        Erase(*it);
       }
     }
     it = next;
@@ -1056,11 +1160,17 @@ template <class K, class D, class O>
 int64_t Syncer<K, D, O>::CancelOutsideLocked() {
   int64_t cancelled = 0;
   if (!fence_) return cancelled;
-  for (auto& [slot, stop] : running_) {
-    if (!fence_(slot->first) && stop.request_stop()) ++cancelled;
+  for (auto& seat : seats_) {
+    if (seat->slot != nullptr && !fence_(seat->slot->first) &&
+        seat->stop.request_stop()) {
+      ++cancelled;
+    }
   }
   for (Work& w : work_) {
-    if (!fence_(w.key) && w.stop.request_stop()) ++cancelled;
+    if (!w.cancelled && !fence_(w.key)) {
+      w.cancelled = true;
+      ++cancelled;
+    }
   }
   return cancelled;
 }
@@ -1105,18 +1215,18 @@ absl::Status Syncer<K, D, O>::AwaitCallsWithin(const KeyFilter<K>& filter,
   auto outside = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int64_t n = 0;
     if (!filter) return n;
-    for (const auto& [slot, stop] : running_) {
-      if (!filter(slot->first)) ++n;
+    for (const auto& seat : seats_) {
+      if (seat->slot != nullptr && !filter(seat->slot->first)) ++n;
     }
     return n;
   };
   MutexLock l(&mu_);
-  if (ctx.clock()->AwaitWithDeadline(
-          &mu_, &call_done_, ctx.deadline(), ctx.stop_token(),
-          [&]()
-              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outside() == 0; })) {
-    return absl::OkStatus();
-  }
+  ++awaiters_;
+  const bool done = ctx.clock()->AwaitWithDeadline(
+      &mu_, &call_done_, ctx.deadline(), ctx.stop_token(),
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return outside() == 0; });
+  --awaiters_;
+  if (done) return absl::OkStatus();
   int64_t left = outside();
   std::string msg =
       absl::StrCat("syncer ", name(), ": ", left,
@@ -1127,28 +1237,8 @@ absl::Status Syncer<K, D, O>::AwaitCallsWithin(const KeyFilter<K>& filter,
 
 template <class K, class D, class O>
 int Syncer<K, D, O>::RunQueuedCalls() {
-  int ran = 0;
-  while (true) {
-    std::optional<Work> work;
-    bool post = false;
-    {
-      MutexLock l(&mu_);
-      if (stopping_ || work_.empty()) break;
-      work = TakeWork();
-      if (!work.has_value()) {
-        post = !results_.empty() && !drain_posted_;
-        if (post) drain_posted_ = true;
-      }
-    }
-    if (work.has_value()) {
-      ++ran;
-      Result r = Execute(*work);
-      MutexLock l(&mu_);
-      post = FinishWork(std::move(r));
-    }
-    if (post) PostDrain();
-  }
-  return ran;
+  bool more = false;
+  return ServeCalls(std::numeric_limits<int>::max(), /*turn=*/false, &more);
 }
 
 template <class K, class D, class O>
@@ -1209,24 +1299,75 @@ SyncOp Syncer<K, D, O>::Compute(const Entry& e) const {
 }
 
 template <class K, class D, class O>
-bool Syncer<K, D, O>::ExpectationPending(Entry& e, absl::Time now) const {
+bool Syncer<K, D, O>::ExpectationPending(Slot& slot, absl::Time now) {
+  Entry& e = slot.second;
   if (e.expect_op == SyncOp::kNone) return false;
   bool seen = e.observed_seq != e.expect_observed_seq &&
               (e.expect_op == SyncOp::kDelete ? !e.observed.has_value()
                                               : e.observed.has_value());
   if (seen || now >= e.expect_until) {
     e.expect_op = SyncOp::kNone;
+    Unexpect(slot);
     return false;
   }
   return true;
 }
 
 template <class K, class D, class O>
+void Syncer<K, D, O>::Expect(Slot& slot) {
+  Entry& e = slot.second;
+  if (e.expect_linked) return;
+  e.expect_linked = true;
+  // From the tail: expect_until only grows unless the clock steps back.
+  Slot* after = expect_tail_;
+  while (after != nullptr && after->second.expect_until > e.expect_until) {
+    after = after->second.expect_prev;
+  }
+  e.expect_prev = after;
+  e.expect_next = after != nullptr ? after->second.expect_next : expect_head_;
+  if (e.expect_next != nullptr) {
+    e.expect_next->second.expect_prev = &slot;
+  } else {
+    expect_tail_ = &slot;
+  }
+  if (after != nullptr) {
+    after->second.expect_next = &slot;
+  } else {
+    expect_head_ = &slot;
+    ArmTimer(e.expect_until);
+  }
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Unexpect(Slot& slot) {
+  Entry& e = slot.second;
+  if (!e.expect_linked) return;
+  e.expect_linked = false;
+  if (e.expect_prev != nullptr) {
+    e.expect_prev->second.expect_next = e.expect_next;
+  } else {
+    expect_head_ = e.expect_next;
+  }
+  if (e.expect_next != nullptr) {
+    e.expect_next->second.expect_prev = e.expect_prev;
+  } else {
+    expect_tail_ = e.expect_prev;
+  }
+  e.expect_prev = e.expect_next = nullptr;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::Erase(Slot& slot) {
+  Unexpect(slot);
+  entries_.erase(slot.first);
+}
+
+template <class K, class D, class O>
 void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
   Entry& e = slot.second;
   if (e.in_flight != SyncOp::kNone) return;  // Its result evaluates again.
-  if (ExpectationPending(e, now)) {
-    WakeAt(slot, e.expect_until);
+  if (ExpectationPending(slot, now)) {
+    Expect(slot);
     return;
   }
   SyncOp op = Compute(e);
@@ -1241,7 +1382,7 @@ void Syncer<K, D, O>::Evaluate(Slot& slot, absl::Time now) {
     e.unconverged_since = absl::InfiniteFuture();
     if (!e.desired.has_value() && !e.observed.has_value() && !e.queued &&
         !e.dirty) {
-      entries_.erase(slot.first);
+      Erase(slot);
     }
     return;
   }
@@ -1306,8 +1447,14 @@ void Syncer<K, D, O>::OnTimer() {
     it->second.wake_at = absl::InfiniteFuture();
     Evaluate(*it, now);
   }
+  while (expect_head_ != nullptr && expect_head_->second.expect_until <= now) {
+    Slot* slot = expect_head_;
+    Unexpect(*slot);
+    Evaluate(*slot, now);
+  }
   Dispatch(now);
   if (!wakes_.empty()) ArmTimer(wakes_.top().when);
+  if (expect_head_ != nullptr) ArmTimer(expect_head_->second.expect_until);
 }
 
 template <class K, class D, class O>
@@ -1331,7 +1478,7 @@ bool Syncer<K, D, O>::TakeToken(absl::Time now) {
 template <class K, class D, class O>
 void Syncer<K, D, O>::Dispatch(absl::Time now) {
   if (!InSync()) return;
-  std::vector<Work> batch;
+  std::vector<Work>& batch = dispatching_;
   while (!ready_.empty() && in_flight_ < options_.max_in_flight) {
     Slot* slot = ready_.front();
     Entry& e = slot->second;
@@ -1354,25 +1501,25 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
     ++in_flight_;
     batch.push_back(Work{slot, slot->first, op, e.desired, e.observed,
                          e.desired_version, e.observed_seq, e.epoch,
-                         std::stop_source(), call_values_});
+                         call_values_});
   }
   if (batch.empty()) return;
+  bool stopped;
+  UpdaterPool* pool;
   {
     MutexLock l(&mu_);
-    if (!stopping_) {
-      for (Work& w : batch) work_.push_back(std::move(w));
-      // One wake-up per item: waking every updater for one item makes
-      // the others fight for mu_ and go back to sleep.
-      const size_t threads = static_cast<size_t>(
-          options_.updater_threads > 0 ? options_.updater_threads
-                                       : std::min(options_.max_in_flight, 64));
-      if (batch.size() >= threads) {
-        cv_.SignalAll();
-      } else {
-        for (size_t i = 0; i < batch.size(); ++i) cv_.Signal();
-      }
-      return;
+    stopped = stopping_;
+    pool = pool_;
+    if (!stopped) {
+      for (Work& w : batch) work_.items.push_back(std::move(w));
     }
+  }
+  if (!stopped) {
+    batch.clear();
+    // One notification for the whole batch: the thread that takes it asks
+    // for help only when it finds more queued than the call it runs.
+    if (pool != nullptr) pool->Notify(this);
+    return;
   }
   // Stopped: nothing will run these; they stay pending.
   for (Work& w : batch) {
@@ -1387,6 +1534,7 @@ void Syncer<K, D, O>::Dispatch(absl::Time now) {
              w.epoch};
     ApplyResult(r, now);
   }
+  batch.clear();
 }
 
 template <class K, class D, class O>
@@ -1394,15 +1542,16 @@ void Syncer<K, D, O>::MaybeErase(Slot& slot) {
   const Entry& e = slot.second;
   if (!e.desired.has_value() && !e.observed.has_value() &&
       e.in_flight == SyncOp::kNone && !e.dirty && !e.queued) {
-    entries_.erase(slot.first);
+    Erase(slot);
   }
 }
 
 template <class K, class D, class O>
-typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(Work& w) {
+typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(
+    Work& w, const std::stop_source& stop) {
   Result r{w.slot, std::move(w.key),  w.op,           absl::OkStatus(), false,
            true,   w.desired_version, w.observed_seq, w.epoch};
-  Context op_ctx = Context(w.stop.get_token(), clock_).WithValuesOf(w.values);
+  Context op_ctx = Context(stop.get_token(), clock_).WithValuesOf(w.values);
   if (options_.operation_timeout > absl::ZeroDuration()) {
     op_ctx = op_ctx.WithTimeout(options_.operation_timeout);
   }
@@ -1447,10 +1596,10 @@ typename Syncer<K, D, O>::Result Syncer<K, D, O>::Execute(Work& w) {
 }
 
 template <class K, class D, class O>
-std::optional<typename Syncer<K, D, O>::Work> Syncer<K, D, O>::TakeWork() {
-  Work w = std::move(work_.front());
-  work_.pop_front();
-  if (w.stop.stop_requested() || (fence_ && !fence_(w.key))) {
+std::optional<typename Syncer<K, D, O>::Work> Syncer<K, D, O>::TakeWork(
+    Seat* seat) {
+  Work w = work_.PopFront();
+  if (w.cancelled || (fence_ && !fence_(w.key))) {
     // Its key left the range before the call started: it never starts.
     results_.push_back(Result{w.slot, std::move(w.key), w.op,
                               absl::CancelledError("key left the range"), false,
@@ -1458,18 +1607,34 @@ std::optional<typename Syncer<K, D, O>::Work> Syncer<K, D, O>::TakeWork() {
                               w.epoch});
     return std::nullopt;
   }
-  running_.emplace(w.slot, w.stop);
+  // A source is reused until something cancels a call through it; Fence
+  // and Stop reach it only under mu_, so the next call gets a fresh one.
+  if (seat->stop.stop_requested()) seat->stop = std::stop_source();
+  seat->slot = w.slot;
   return w;
 }
 
 template <class K, class D, class O>
-bool Syncer<K, D, O>::FinishWork(Result result) {
-  running_.erase(result.slot);
-  call_done_.SignalAll();
+typename Syncer<K, D, O>::Seat* Syncer<K, D, O>::AcquireSeat() {
+  if (free_seats_.empty()) {
+    seats_.push_back(std::make_unique<Seat>());
+    return seats_.back().get();
+  }
+  Seat* seat = free_seats_.back();
+  free_seats_.pop_back();
+  return seat;
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::ReleaseSeat(Seat* seat) {
+  free_seats_.push_back(seat);
+}
+
+template <class K, class D, class O>
+void Syncer<K, D, O>::FinishWork(Seat* seat, Result result) {
+  seat->slot = nullptr;
+  if (awaiters_ > 0) call_done_.SignalAll();
   results_.push_back(std::move(result));
-  if (drain_posted_) return false;
-  drain_posted_ = true;
-  return true;
 }
 
 template <class K, class D, class O>
@@ -1488,40 +1653,80 @@ void Syncer<K, D, O>::PostDrain() {
 }
 
 template <class K, class D, class O>
-void Syncer<K, D, O>::UpdaterLoop(std::stop_token stop) {
+bool Syncer<K, D, O>::Serve() {
+  bool more = false;
+  // A turn: at most 256 calls and about a millisecond, then the pool
+  // serves the other syncers with queued calls before this one again.
+  ServeCalls(256, /*turn=*/true, &more);
+  return more;
+}
+
+template <class K, class D, class O>
+int Syncer<K, D, O>::ServeCalls(int max_calls, bool turn, bool* more) {
+  // Results go back to the runner in batches: one drain is posted when
+  // this thread runs out of calls, when 64 results wait, or after a call
+  // that took long (its result should not wait for the next ones).
+  constexpr size_t kHandBack = 64;
+  constexpr auto kSlowCall = std::chrono::microseconds(50);
+  constexpr auto kTurn = std::chrono::milliseconds(1);
+  using SteadyClock = std::chrono::steady_clock;
+  // One clock read per call: `last` is when the previous call returned.
+  const SteadyClock::time_point turn_start = SteadyClock::now();
+  SteadyClock::time_point last = turn_start;
+  Seat* seat = nullptr;
   std::optional<Result> done;
+  bool slow = false;
+  bool asked_for_help = false;
+  int ran = 0;
+  *more = false;
   while (true) {
     std::optional<Work> work;
     bool post = false;
+    UpdaterPool* help = nullptr;
     {
       MutexLock l(&mu_);
+      if (seat == nullptr) seat = AcquireSeat();
       if (done.has_value()) {
-        post = FinishWork(std::move(*done));
+        FinishWork(seat, std::move(*done));
         done.reset();
       }
-      if (!post) {
-        cv_.Wait(&mu_, stop, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !work_.empty() || stopping_;
-        });
+      const bool turn_over =
+          ran >= max_calls || (turn && ran > 0 && last - turn_start >= kTurn);
+      while (!work.has_value() && !work_.empty() && !stopping_ && !turn_over) {
+        work = TakeWork(seat);  // nullopt: a cancelled call, reported.
       }
-      if (!work_.empty() && !stopping_) {
-        work = TakeWork();
-        if (!work.has_value() && !drain_posted_) {
-          drain_posted_ = true;
-          post = true;
-        }
-      } else if (!post) {
-        return;  // Stopping (or stop requested) with nothing to report.
+      *more = !work_.empty() && !stopping_;
+      if (!results_.empty() && !drain_posted_ &&
+          (!work.has_value() || slow || results_.size() >= kHandBack)) {
+        drain_posted_ = true;
+        post = true;
+      }
+      if (!work.has_value()) {
+        ReleaseSeat(seat);
+        seat = nullptr;
+      } else if (*more && !asked_for_help) {
+        // More calls wait than the one this thread takes: another thread
+        // may start on them (a client blocking on IO gets one thread per
+        // call; a fast one's calls are all run here before help comes).
+        asked_for_help = true;
+        help = pool_;
       }
     }
     if (post) PostDrain();
-    if (work.has_value()) done = Execute(*work);
+    if (help != nullptr) help->Notify(this);
+    if (!work.has_value()) return ran;
+    ++ran;
+    done = Execute(*work, seat->stop);
+    const SteadyClock::time_point now = SteadyClock::now();
+    slow = now - last >= kSlowCall;
+    last = now;
   }
 }
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::DrainResults() {
-  std::vector<Result> results;
+  // Swaps buffers with the updaters: both keep their capacity.
+  std::vector<Result>& results = draining_;
   {
     MutexLock l(&mu_);
     results.swap(results_);
@@ -1529,6 +1734,7 @@ void Syncer<K, D, O>::DrainResults() {
   }
   absl::Time now = clock_->Now();
   for (Result& r : results) ApplyResult(r, now);
+  results.clear();
   Dispatch(now);
 }
 
@@ -1618,6 +1824,7 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     e.terminal = false;
     e.last_error = absl::OkStatus();
     e.not_before = absl::InfinitePast();
+    Unexpect(*it);
     e.expect_op = r.op;
     e.expect_observed_seq = r.observed_seq;
     e.expect_until = now + options_.expectation_timeout;
