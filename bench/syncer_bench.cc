@@ -381,13 +381,13 @@ void Resync(benchmark::State& state, bool warm) {
     bool done = testing::AwaitCondition(
         [&] {
           runner.RunUntilIdle();  // Applies the results as they come.
-          return syncer.counters().updates == want;
+          return syncer.stats().updates == want;
         },
         absl::Seconds(30));
     if (dispatched != want || !done || client.calls() != want) {
       state.SkipWithError(
           absl::StrCat("dispatched=", dispatched, " calls=", client.calls(),
-                       " updates=", syncer.counters().updates, " want=", want)
+                       " updates=", syncer.stats().updates, " want=", want)
               .c_str());
       break;
     }
@@ -441,7 +441,7 @@ class NoopClient final : public IntClient {
 
 // 200,000 creates end to end on a started runner: SetDesired on a fresh key
 // (posted in events of 1,000), the pump, an updater calling the no-op
-// client, the result back on the runner (counters().creates). Timed (wall,
+// client, the result back on the runner (stats().creates). Timed (wall,
 // by hand) from the first post to the moment the bench thread sees the last
 // create counted; it polls every ~50 us, well under 1% of an iteration.
 //
@@ -477,12 +477,12 @@ void BM_SyncerApply(benchmark::State& state) {
           "bench apply");
     }
     Clock::time_point deadline = t0 + std::chrono::seconds(30);
-    while (syncer.counters().creates < kOps && Clock::now() < deadline) {
+    while (syncer.stats().creates < kOps && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     Clock::time_point t1 = Clock::now();
     state.SetIterationTime(Seconds(t1 - t0));
-    SyncerCounters c = syncer.counters();
+    SyncerStats c = syncer.stats();
     if (c.creates != kOps || client.calls() != kOps || c.failures != 0) {
       state.SkipWithError(absl::StrCat("creates=", c.creates,
                                        " calls=", client.calls(),
@@ -587,7 +587,7 @@ void BM_SyncerThreadsPerPod(benchmark::State& state) {
     bool done = testing::AwaitCondition(
         [&] {
           for (auto& node : pod) {
-            if (node->syncer.counters().creates != 10) return false;
+            if (node->syncer.stats().creates != 10) return false;
           }
           return true;
         },

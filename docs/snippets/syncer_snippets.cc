@@ -152,7 +152,7 @@ TEST(ContainerSyncerTest, RetriesAndConverges) {
   }));
   EXPECT_EQ(fake.CallsFor("web-0", setpoint::SyncOp::kCreate), 3);
   EXPECT_EQ(fake.stats().max_concurrent_per_key, 1);
-  EXPECT_EQ(syncer.counters().failures, 2);
+  EXPECT_EQ(syncer.stats().failures, 2);
   syncer.Stop();
   runner.Stop();
 }

@@ -222,7 +222,7 @@ int Main() {
       converged = false;
       break;
     }
-    setpoint::SyncerCounters c = syncer.counters();
+    setpoint::SyncerStats c = syncer.stats();
     logger->info(
         "==== converged in {}: {} containers; so far creates={} updates={} "
         "deletes={} retried_failures={}",

@@ -19,6 +19,7 @@
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
+#include "setpoint/processor/updater_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
@@ -78,6 +79,10 @@ std::string DefaultPodId() {
 
 absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
   if (o.registry == nullptr) return Invalid("registry", "is required");
+  if (o.updater_threads < 0) {
+    return Invalid("updater_threads",
+                   absl::StrCat("must be >= 0, got ", o.updater_threads));
+  }
   if (o.pod_id.find('/') != std::string::npos) {
     return Invalid(
         "pod_id", absl::StrCat("must not contain '/', got \"", o.pod_id, "\""));
@@ -174,6 +179,15 @@ absl::Status NodeManager::Start() {
     }
     started_ = true;
   }
+  if (options_.updater_threads > 0) {
+    updaters_ = std::make_unique<UpdaterPool>(
+        UpdaterPoolOptions{.name = pod_id_ + "/updaters",
+                           .threads = options_.updater_threads,
+                           .logger = logger_});
+    if (absl::Status s = updaters_->Start(); !s.ok()) {
+      return Annotate(s, "start node manager");
+    }
+  }
   // Create every node before starting any, so a failing factory starts
   // nothing.
   std::vector<std::unique_ptr<Slot>> slots;
@@ -181,7 +195,11 @@ absl::Status NodeManager::Start() {
     for (int i = 0; i < kind.count; ++i) {
       auto slot = std::make_unique<Slot>();
       slot->info = NodeInfo{absl::StrCat(pod_id_, "/", kind.kind, "/", i),
-                            kind.kind, i, kind.ring_size, options_.metrics};
+                            kind.kind,
+                            i,
+                            kind.ring_size,
+                            options_.metrics,
+                            updaters_.get()};
       try {
         slot->node = kind.factory(slot->info);
       } catch (const std::exception& e) {
@@ -252,6 +270,8 @@ void NodeManager::Stop() {
     if (slot->run.joinable()) slot->run.join();
     if (slot->relay.joinable()) slot->relay.join();
   }
+  // Every node's Run has returned, and with it its syncers stopped.
+  if (updaters_ != nullptr) updaters_->Stop();
   SPDLOG_LOGGER_INFO(logger_, "node manager stopped pod={}", pod_id_);
 }
 

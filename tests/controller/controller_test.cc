@@ -433,11 +433,11 @@ TEST(ControllerTest, StaleRefusalIsCountedAndNotRetriedUnderTheSameAssignment) {
   ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 3), IsOk());
   h.Advance(absl::Minutes(10));  // Far past any backoff.
   EXPECT_EQ(calls, 1);
-  EXPECT_EQ(syncer->counters().stale_refusals, 1);
+  EXPECT_EQ(syncer->stats().stale_refusals, 1);
   ASSERT_THAT(h.Assign(ShardRange{0, kRing}, 5), IsOk());  // A new grant.
   h.Advance(absl::Seconds(1));
   EXPECT_EQ(calls, 2);
-  EXPECT_EQ(syncer->counters().creates, 1);
+  EXPECT_EQ(syncer->stats().creates, 1);
 }
 
 // Desired state worked out from another store whose keys differ: each

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "setpoint/base/mutex.h"
+#include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/faulty_node_registry.h"
@@ -473,6 +474,39 @@ TEST_F(NodeManagerTest, HungRegistryFencesEveryNodeAtTheDeadline) {
   ASSERT_TRUE(AwaitCondition([&] { return Balanced({&a}, 2); }));
   faulty_.SetHang(false);
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 6); }));
+}
+
+TEST_F(NodeManagerTest, NodesShareThePodsUpdaterPool) {
+  std::vector<UpdaterPool*> seen;
+  NodeManagerOptions o = Options("u", &registry_, 3);
+  o.updater_threads = 5;
+  o.kinds[0].factory = [&](const NodeInfo& info) {
+    seen.push_back(info.updaters);
+    return std::make_unique<TestNode>(info.id, &tracker_, 0);
+  };
+  StartPodWith(std::move(o));
+  ASSERT_EQ(seen.size(), 3u);
+  ASSERT_NE(seen[0], nullptr);
+  EXPECT_EQ(seen[0]->threads(), 5);
+  EXPECT_EQ(seen[1], seen[0]);
+  EXPECT_EQ(seen[2], seen[0]);
+
+  std::vector<UpdaterPool*> none;
+  NodeManagerOptions off = Options("v", &registry_, 1);
+  off.updater_threads = 0;
+  off.kinds[0].factory = [&](const NodeInfo& info) {
+    none.push_back(info.updaters);
+    return std::make_unique<TestNode>(info.id, &tracker_, 0);
+  };
+  StartPodWith(std::move(off));
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0], nullptr);
+
+  NodeManagerOptions bad = Options("w", &registry_, 1);
+  bad.updater_threads = -1;
+  NodeManager refused(std::move(bad));
+  EXPECT_THAT(refused.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("updater_threads")));
 }
 
 TEST_F(NodeManagerTest, NoValidityIsReportedWhileAFenceIsBeingDelivered) {

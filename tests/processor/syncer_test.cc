@@ -312,7 +312,7 @@ TEST_F(SyncerTest, CreatesUpdatesAndDeletesToMatchDesired) {
   EXPECT_EQ(fake_->world(), (absl::flat_hash_map<std::string, int>{{"a", 5}}));
   testing::FakeClientStats calls = fake_->stats();
   EXPECT_EQ(calls.calls, 4);
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.creates, 2);
   EXPECT_EQ(c.updates, 1);
   EXPECT_EQ(c.deletes, 1);
@@ -324,7 +324,7 @@ TEST_F(SyncerTest, StopCancelsItsOwnWakeUpSoTheRunnerDropsNothing) {
   fake_->FailNext(1);  // A backoff: the syncer arms a wake-up timer.
   SetDesired("a", 1);
   ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->counters().failures == 1; }));
+      AwaitCondition([&] { return syncer_->stats().failures == 1; }));
   ASSERT_TRUE(AwaitCondition([&] { return Status().failing == 1; }));
   syncer_->Stop();
   runner_->Stop();
@@ -350,7 +350,7 @@ TEST_F(SyncerTest, ThousandUpdatesDuringAnOperationCoalesceIntoOneMore) {
   EXPECT_EQ(fake_->Get("k"), 1000);
   EXPECT_LE(fake_->CallsFor("k"), 2);
   EXPECT_EQ(fake_->CallsFor("k", SyncOp::kCreate), 1);
-  EXPECT_EQ(syncer_->counters().updates, 1);
+  EXPECT_EQ(syncer_->stats().updates, 1);
 }
 
 // --- Failures and backoff
@@ -367,7 +367,7 @@ TEST_F(SyncerTest, PerKeyBackoffConvergesManyKeysUnderRandomFailures) {
       syncer_->SetDesired(absl::StrCat("k", i), i);
   });
   ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->counters().creates == kKeys; }, absl::Seconds(60)));
+      [&] { return syncer_->stats().creates == kKeys; }, absl::Seconds(60)));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(kKeys); }));
   absl::flat_hash_map<std::string, int> world = fake_->world();
   ASSERT_EQ(world.size(), static_cast<size_t>(kKeys));
@@ -375,7 +375,7 @@ TEST_F(SyncerTest, PerKeyBackoffConvergesManyKeysUnderRandomFailures) {
     ASSERT_EQ(world[absl::StrCat("k", i)], i) << i;
   }
   // Every call is accounted for: a success or a failure that was retried.
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   testing::FakeClientStats calls = fake_->stats();
   EXPECT_GT(c.failures, kKeys / 10);
   EXPECT_EQ(c.failures, calls.failed);
@@ -448,7 +448,7 @@ TEST_F(SyncerTest, BackoffDoublesPerFailureResetsOnSuccessAndHonoursHints) {
   EXPECT_EQ(fake_->stats().calls, 7);
   clock.AdvanceTime(absl::Seconds(1));
   ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("k") == 4; }));
-  EXPECT_EQ(syncer_->counters().failures, 5);
+  EXPECT_EQ(syncer_->stats().failures, 5);
 }
 
 TEST_F(SyncerTest, TerminalErrorsAreNotRetriedUntilTheDesiredValueChanges) {
@@ -462,7 +462,7 @@ TEST_F(SyncerTest, TerminalErrorsAreNotRetriedUntilTheDesiredValueChanges) {
     SetDesired(key, 1);
   }
   ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->counters().terminal_failures == 3; }));
+      [&] { return syncer_->stats().terminal_failures == 3; }));
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.terminal, 3);
   ASSERT_EQ(s.failures.size(), 3u);
@@ -477,7 +477,7 @@ TEST_F(SyncerTest, TerminalErrorsAreNotRetriedUntilTheDesiredValueChanges) {
   clock_->AdvanceTime(absl::Hours(1));
   OnRunner([] {});
   EXPECT_EQ(fake_->stats().calls, 3);
-  EXPECT_EQ(syncer_->counters().failures, 0);
+  EXPECT_EQ(syncer_->stats().failures, 0);
 
   // A new desired value is worth another try.
   for (absl::StatusCode code : codes) {
@@ -485,7 +485,7 @@ TEST_F(SyncerTest, TerminalErrorsAreNotRetriedUntilTheDesiredValueChanges) {
   }
   ASSERT_TRUE(AwaitCondition([&] { return Converged(3); }));
   EXPECT_EQ(fake_->stats().calls, 6);
-  EXPECT_EQ(syncer_->counters().creates, 3);
+  EXPECT_EQ(syncer_->stats().creates, 3);
   EXPECT_TRUE(Status().failures.empty());
 }
 
@@ -495,7 +495,7 @@ TEST_F(SyncerTest, AThrowingClientIsCountedAndRetried) {
   SetDesired("a", 1);
   SetDesired("b", 2);
   ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.client_threw, 2);
   EXPECT_EQ(c.failures, 2);
   EXPECT_EQ(c.creates, 2);
@@ -594,7 +594,7 @@ TEST_F(SyncerTest, ASuccessIsNotRepeatedBeforeItsObservationArrives) {
          .simulated_clock = true,
          .observation = FakeObservation::kHeld});
   SetDesired("k", 1);
-  ASSERT_TRUE(AwaitCondition([&] { return syncer_->counters().creates == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return syncer_->stats().creates == 1; }));
   EXPECT_EQ(Status().awaiting_observation, 1);
   ASSERT_TRUE(
       AwaitNextTimer(clock_->Now() + absl::Seconds(10)));  // The expectation.
@@ -659,23 +659,23 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
     syncer_->SetDesired("out/2", 5);  // Not ours any more.
     syncer_->DeleteDesired("out/2");
   });
-  EXPECT_EQ(syncer_->counters().ignored_out_of_range, 1);
+  EXPECT_EQ(syncer_->stats().ignored_out_of_range, 1);
 
   // out/1's held call saw its context cancelled and returned; in/1's
   // still waits at the gate.
   EXPECT_THAT(syncer_->AwaitCallsWithin(InRange, Context()), IsOk());
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   ASSERT_TRUE(AwaitCondition([&] { return Status().in_flight == 1; }));
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
   ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->counters().results_discarded == 1; }));
+      [&] { return syncer_->stats().results_discarded == 1; }));
   EXPECT_EQ(Status().in_flight, 0);
   EXPECT_EQ(fake_->stats().deletes, 0);
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{
                 {"in/1", 2}, {"in/2", 1}, {"out/1", 1}, {"out/2", 1}}));
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.updates, 1);  // in/1 only: out/1's call was cancelled.
 }
 
@@ -701,13 +701,13 @@ TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
   // The old call was cancelled when the key left; the new one starts only
   // once its result is back (never two for the key at once).
   ASSERT_TRUE(AwaitCondition([&] { return fake_->stats().calls == 2; }));
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   EXPECT_EQ(fake_->stats().max_concurrent_per_key, 1);
 
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("out/1") == 3; }));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
-  EXPECT_EQ(syncer_->counters().results_discarded, 1);
+  EXPECT_EQ(syncer_->stats().results_discarded, 1);
   EXPECT_EQ(fake_->stats().max_concurrent_per_key, 1);
   EXPECT_EQ(fake_->CallsFor("out/1", SyncOp::kUpdate), 2);
   EXPECT_EQ(fake_->CallsFor("out/1"), 2);
@@ -728,7 +728,7 @@ TEST_F(SyncerTest, ResetCancelsTheRunningCallsOfKeysThatLeftAndNoOthers) {
     syncer_->Reset(InRange);
     source_->SetFilter(InRange);
   });
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   // out/1's call saw its context cancelled and returned; the bound only
   // keeps a broken syncer from hanging the test.
   EXPECT_THAT(syncer_->AwaitCallsWithin(
@@ -754,7 +754,7 @@ TEST_F(SyncerTest, ResetCancelsTheRunningCallsOfKeysThatLeftAndNoOthers) {
   }
   EXPECT_EQ(fake_->world(), (absl::flat_hash_map<std::string, int>{
                                 {"in/1", 2}, {"in/2", 2}, {"out/1", 1}}));
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.updates, 2);
   EXPECT_EQ(c.results_discarded, 1);
   EXPECT_EQ(c.calls_cancelled, 1);
@@ -774,7 +774,7 @@ TEST_F(SyncerTest, AwaitCallsWithinWaitsForACallThatIgnoresCancellation) {
     syncer_->Reset(InRange);
     source_->SetFilter(InRange);
   });
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
 
   // The deadline bounds the wait; out/1's call still runs when it passes.
   EXPECT_THAT(syncer_->AwaitCallsWithin(
@@ -803,8 +803,8 @@ TEST_F(SyncerTest, AwaitCallsWithinWaitsForACallThatIgnoresCancellation) {
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
   ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->counters().results_discarded == 1; }));
-  EXPECT_EQ(syncer_->counters().updates, 1);
+      [&] { return syncer_->stats().results_discarded == 1; }));
+  EXPECT_EQ(syncer_->stats().updates, 1);
 }
 
 TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
@@ -823,7 +823,7 @@ TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
     syncer_->Reset(InRange);
     source_->SetFilter(InRange);
   });
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   // Nothing outside the range runs, nor ever will.
   EXPECT_THAT(syncer_->AwaitCallsWithin(
                   InRange, Context().WithTimeout(absl::Seconds(10))),
@@ -832,13 +832,13 @@ TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
 
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->counters().results_discarded == 1; }));
+      [&] { return syncer_->stats().results_discarded == 1; }));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
   EXPECT_EQ(fake_->CallsFor("out/1"), 0);
   EXPECT_EQ(fake_->stats().calls, 1);
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.calls_cancelled, 1);
   EXPECT_EQ(c.updates, 1);
   EXPECT_EQ(c.not_started_at_stop, 0);
@@ -860,7 +860,7 @@ TEST_F(SyncerTest, StopWithOperationsInFlightCancelsThemAndCountsTheRest) {
   std::vector<testing::FakeCall<std::string>> calls = fake_->calls();
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_THAT(calls[0].result, StatusIs(absl::StatusCode::kCancelled));
-  EXPECT_EQ(syncer_->counters().not_started_at_stop, 3);
+  EXPECT_EQ(syncer_->stats().not_started_at_stop, 3);
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.keys, 6);
   EXPECT_EQ(s.in_flight, 0);
@@ -893,7 +893,7 @@ TEST_F(SyncerTest, OperationTimeoutEndsASlowCallWhichIsRetried) {
   clock_->AdvanceTime(absl::Seconds(1));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
   EXPECT_EQ(fake_->stats().calls, 2);
-  EXPECT_EQ(syncer_->counters().failures, 1);
+  EXPECT_EQ(syncer_->stats().failures, 1);
 }
 
 TEST_F(SyncerTest, DestroyedOnTheRunnerBeforeItsStoreAndItsEvents) {
@@ -1073,7 +1073,7 @@ TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
                                      "than 2"));
   SetDesired("k", 1);
   ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->counters().stale_refusals == 1; }));
+      AwaitCondition([&] { return syncer_->stats().stale_refusals == 1; }));
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.stale, 1);
   EXPECT_EQ(s.failing, 0);
@@ -1086,7 +1086,7 @@ TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
   EXPECT_THAT(s.failures[0].last_error,
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("fencing token")));
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.failures, 0);
   EXPECT_EQ(c.terminal_failures, 0);
 
@@ -1108,7 +1108,7 @@ TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
   ASSERT_TRUE(AwaitCondition([&] { return Status().converged == 1; }));
   EXPECT_EQ(fake_->CallsFor("k"), 1);
   EXPECT_EQ(Status().stale, 1);
-  EXPECT_EQ(syncer_->counters().stale_refusals, 1);
+  EXPECT_EQ(syncer_->stats().stale_refusals, 1);
 
   // A new assignment: the key is tried again, under it, and succeeds.
   OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
@@ -1119,7 +1119,7 @@ TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
   s = Status();
   EXPECT_EQ(s.stale, 0);
   EXPECT_TRUE(s.failures.empty());
-  c = syncer_->counters();
+  c = syncer_->stats();
   EXPECT_EQ(c.stale_refusals, 1);
   EXPECT_EQ(c.creates, 2);
   EXPECT_EQ(c.failures, 0);
@@ -1138,7 +1138,7 @@ TEST_F(SyncerTest, AStaleRefusalUnderValuesSinceReplacedIsRetriedAtOnce) {
   OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
   fake_->ReleaseCalls();
   ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->counters().stale_refusals == 1; }));
+      AwaitCondition([&] { return syncer_->stats().stale_refusals == 1; }));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
   EXPECT_EQ(fake_->Get("k"), 1);
   EXPECT_THAT(probe_->TokensFor("k"), ElementsAre(1, 2));
@@ -1164,7 +1164,7 @@ TEST_F(SyncerTest, StaleRefusalsAreLoggedOncePerSetCallValues) {
   SetDesired("a", 1);
   SetDesired("b", 1);
   ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->counters().stale_refusals == 2; }));
+      AwaitCondition([&] { return syncer_->stats().stale_refusals == 2; }));
   OnRunner([] {});
   EXPECT_EQ(LinesWith(*sink, kLine), 1);
   EXPECT_EQ(Status().stale, 2);
@@ -1174,7 +1174,7 @@ TEST_F(SyncerTest, StaleRefusalsAreLoggedOncePerSetCallValues) {
   fake_->FailNextFor("a", 1, StaleOwnerError("write: stale token"));
   OnRunner([&] { syncer_->SetCallValues(WithToken(2)); });
   ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->counters().stale_refusals == 3; }));
+      AwaitCondition([&] { return syncer_->stats().stale_refusals == 3; }));
   ASSERT_TRUE(AwaitCondition([&] { return fake_->Get("b") == 1; }));
   OnRunner([] {});
   EXPECT_EQ(LinesWith(*sink, kLine), 2);
@@ -1357,7 +1357,7 @@ TEST_F(SyncerTest, ManualUpdatesRunCallsOnTheCallingThreadOnly) {
   for (const ProbeClient::Seen& call : seen) {
     EXPECT_EQ(call.thread, std::this_thread::get_id()) << call.key;
   }
-  SyncerCounters c = syncer_->counters();
+  SyncerStats c = syncer_->stats();
   EXPECT_EQ(c.creates, 2);
   EXPECT_EQ(c.updates, 1);
   EXPECT_EQ(c.deletes, 2);
@@ -1378,7 +1378,7 @@ TEST_F(SyncerTest, ManualUpdatesDoNotRunAHandedOverCallForAKeyThatLeft) {
   EXPECT_EQ(syncer_->StatusSnapshot().in_flight, 2);
   syncer_->Reset(InRange);
   source_->SetFilter(InRange);
-  EXPECT_EQ(syncer_->counters().calls_cancelled, 1);
+  EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   EXPECT_EQ(syncer_->RunQueuedCalls(), 1);  // in/1's only.
   runner_->RunUntilIdle();
   EXPECT_EQ(fake_->CallsFor("out/1"), 0);
@@ -1386,7 +1386,7 @@ TEST_F(SyncerTest, ManualUpdatesDoNotRunAHandedOverCallForAKeyThatLeft) {
   EXPECT_EQ(s.keys, 1);
   EXPECT_EQ(s.converged, 1);
   EXPECT_EQ(s.in_flight, 0);
-  EXPECT_EQ(syncer_->counters().results_discarded, 1);
+  EXPECT_EQ(syncer_->stats().results_discarded, 1);
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
 }
@@ -1619,8 +1619,8 @@ TEST(SyncerStaleTest, ARefusalThatComesBackAfterTheKeyLeftIsStillCounted) {
       IsOk());
   client.Open();
   ASSERT_TRUE(testing::AwaitCondition(
-      [&] { return syncer.counters().results_discarded == 1; }));
-  EXPECT_EQ(syncer.counters().stale_refusals, 1);
+      [&] { return syncer.stats().results_discarded == 1; }));
+  EXPECT_EQ(syncer.stats().stale_refusals, 1);
   EXPECT_EQ(metrics
                 .GetCounter("setpoint_syncer_stale_refusals_total", "",
                             {{"syncer", "late"}})

@@ -149,7 +149,7 @@ TEST(UpdaterPoolTest, SyncersSharingAPoolStartNoThreadsOfTheirOwn) {
     ASSERT_TRUE(AwaitCondition([&] { return node->Converged(50); }));
     EXPECT_EQ(node->fake.stats().creates, 50);
     EXPECT_EQ(node->fake.stats().max_concurrent_per_key, 1);
-    EXPECT_EQ(node->syncer->counters().creates, 50);
+    EXPECT_EQ(node->syncer->stats().creates, 50);
   }
   nodes.clear();
   pool.Stop();
@@ -320,7 +320,7 @@ TEST(UpdaterPoolTest, StoppingOneSyncerWaitsForItsOwnCallsOnly) {
   b->syncer->Stop();  // Returns while a's call is still held.
   EXPECT_EQ(b->fake.held_calls(), 0);
   EXPECT_EQ(a.fake.held_calls(), 1);
-  EXPECT_EQ(b->syncer->counters().not_started_at_stop, 1);
+  EXPECT_EQ(b->syncer->stats().not_started_at_stop, 1);
   b.reset();
 
   // a goes on, on the same pool.
@@ -342,10 +342,10 @@ TEST(UpdaterPoolTest, AThrowingClientDoesNotTakeThePoolDown) {
   b.SetDesired("y", 1);
   ASSERT_TRUE(AwaitCondition([&] { return a.Converged(1); }));
   ASSERT_TRUE(AwaitCondition([&] { return b.Converged(1); }));
-  EXPECT_EQ(a.syncer->counters().client_threw, 3);
-  EXPECT_EQ(a.syncer->counters().creates, 1);
-  EXPECT_EQ(b.syncer->counters().creates, 1);
-  EXPECT_EQ(b.syncer->counters().failures, 0);
+  EXPECT_EQ(a.syncer->stats().client_threw, 3);
+  EXPECT_EQ(a.syncer->stats().creates, 1);
+  EXPECT_EQ(b.syncer->stats().creates, 1);
+  EXPECT_EQ(b.syncer->stats().failures, 0);
 }
 
 TEST(UpdaterPoolTest, ManyCallsFromManySyncersOnFewThreadsAllArrive) {

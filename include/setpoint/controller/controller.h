@@ -138,6 +138,11 @@ struct ControllerOptions {
   // kind=<kind> and node=<node id>.
   // Default: NodeInfo::metrics (the pod's), else none.
   MetricsRegistry* metrics = nullptr;
+  // The updater threads the syncers' calls run on (SyncerOptions::pool,
+  // unless a Sync sets its own). Must outlive the controller.
+  // Default: NodeInfo::updaters (the pod's pool), else each syncer owns its
+  // threads.
+  UpdaterPool* updaters = nullptr;
   // Every line is written through a clone of it named after the node id, so
   // each names its node; the pieces name themselves (runner=, syncer=,
   // plan=, source=).
@@ -349,7 +354,7 @@ inline constexpr size_t kStatusFailures = 5;
 
 template <class K>
 void AppendSyncerStatusJson(std::string* out, const std::string& name,
-                            const SyncerStatus<K>& s, const SyncerCounters& c) {
+                            const SyncerStatus<K>& s, const SyncerStats& c) {
   if (!out->empty()) out->push_back(',');
   out->append("{\"syncer\":");
   AppendJsonString(out, name);
@@ -417,7 +422,7 @@ class SyncPiece final : public ControllerPiece {
                                         " not in sync (its inputs are not "
                                         "complete: nothing acts)"));
     }
-    AppendSyncerStatusJson(json, syncer_.name(), s, syncer_.counters());
+    AppendSyncerStatusJson(json, syncer_.name(), s, syncer_.stats());
   }
 
  private:
@@ -428,6 +433,7 @@ class SyncPiece final : public ControllerPiece {
     o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
     if (o.clock == nullptr) o.clock = run->options.clock;
     if (o.logger == nullptr) o.logger = run->options.logger;
+    if (o.pool == nullptr) o.pool = run->options.updaters;
     o.manual_updates = run->options.manual;
     return o;
   }

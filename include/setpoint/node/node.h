@@ -35,6 +35,8 @@
 
 namespace setpoint {
 
+class UpdaterPool;
+
 // Who a node is; given to the factory that creates it.
 struct NodeInfo {
   std::string id;    // "<pod>/<kind>/<index>", unique across pods.
@@ -44,6 +46,10 @@ struct NodeInfo {
   // The pod's metrics (NodeManagerOptions::metrics), for the node's parts.
   // Null: none.
   MetricsRegistry* metrics = nullptr;
+  // The pod's updater threads (NodeManagerOptions::updater_threads), shared
+  // by the syncers of every node, so the pod's threads do not grow with its
+  // node count. Null: each syncer owns its own.
+  UpdaterPool* updaters = nullptr;
 };
 
 // What a node tells operators, through the pod's /healthz, /readyz and

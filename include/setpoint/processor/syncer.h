@@ -51,7 +51,7 @@
 //
 // Thread safety: everything runs on the runner thread except Start(),
 // Stop() and RunQueuedCalls(), which belong to the owner thread, and
-// counters() and AwaitCallsWithin(), which are safe from any thread but
+// stats() and AwaitCallsWithin(), which are safe from any thread but
 // the runner's. The Client is called on the updater threads.
 // Destroy a syncer after its runner stopped or on the runner thread (never
 // on another thread while the runner runs): events it posted earlier and
@@ -168,11 +168,11 @@ struct SyncerOptions {
   // Per-key retry delays after a failure.
   // Default: 100 ms doubling to 5 minutes, jitter 0.2.
   BackoffOptions backoff = {};
-  // Codes that are not retried.
-  // Default: kInvalidArgument, kPermissionDenied, kFailedPrecondition.
-  std::vector<absl::StatusCode> terminal_codes = {
-      absl::StatusCode::kInvalidArgument, absl::StatusCode::kPermissionDenied,
-      absl::StatusCode::kFailedPrecondition};
+  // Codes that are not retried (until the key's desired or observed state
+  // changes).
+  // Default: TerminalErrorCodes(), the same codes RetryPolicy does not
+  // retry.
+  std::vector<absl::StatusCode> terminal_codes = TerminalErrorCodes();
   // After a successful operation, how long to wait for the observed state to
   // show it before working the key out again anyway.
   // Default: 30 s.
@@ -210,14 +210,14 @@ struct SyncerOptions {
   // one example); the others are logged at debug level.
   // Default: 10 s.
   absl::Duration warning_interval = absl::Seconds(10);
-  // Default: Clock::Real(). Use the runner's clock.
+  // Default: the runner's clock (Runner::clock()).
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
 
 // Counters, readable from any thread.
-struct SyncerCounters {
+struct SyncerStats {
   int64_t creates = 0;  // Succeeded operations, by kind.
   int64_t updates = 0;
   int64_t deletes = 0;
@@ -305,7 +305,10 @@ class Syncer : public Synchronizable,
   // Declares the desired view complete when no Transformer feeds the
   // syncer (user code calling SetDesired directly). ReplaceDesired implies
   // it.
-  void MarkDesiredComplete() { SetSelfSynced(true); }
+  void MarkDesiredComplete() {
+    SETPOINT_DCHECK_ON_RUNNER(runner_);
+    SetSelfSynced(true);
+  }
 
   // Observed state, when not fed by ObserveFrom (runner thread).
   void SetObserved(K key, O observed);
@@ -346,7 +349,7 @@ class Syncer : public Synchronizable,
   const D* desired(const K& key) const;
   const O* observed(const K& key) const;
   // Any thread.
-  SyncerCounters counters() const;
+  SyncerStats stats() const;
   // Runner thread: sets the gauges of options.metrics from a StatusSnapshot
   // (keys by state, in sync, longest pending age). O(keys); a Controller
   // calls it once per status interval. No-op without metrics.
@@ -645,7 +648,7 @@ Syncer<K, D, O>::Syncer(Runner* runner, Client* client, Options options)
       runner_(runner),
       client_(client),
       options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      clock_(options_.clock != nullptr ? options_.clock : runner->clock()),
       logger_(options_.logger != nullptr ? options_.logger
                                          : spdlog::default_logger()),
       rng_(options_.seed != 0 ? options_.seed : std::random_device{}()) {
@@ -704,6 +707,7 @@ void Syncer<K, D, O>::InitCells() {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::PublishStatusMetrics() {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   if (cells_.in_sync == nullptr) return;
   SyncerStatus<K> s = StatusSnapshot(0);
   const int64_t by_state[7] = {
@@ -902,6 +906,8 @@ void Syncer<K, D, O>::Stop() {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
+  store->BindRunner(runner_);
   store->Subscribe(
       [this, alive = std::weak_ptr<int>(alive_)](const Change<K, O>& c) {
         if (alive.expired()) return;  // The store outlived the syncer.
@@ -933,6 +939,8 @@ void Syncer<K, D, O>::ObserveFrom(Store<K, O>* store) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::DesireFrom(Store<K, D>* store) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
+  store->BindRunner(runner_);
   store->Subscribe(
       [this, alive = std::weak_ptr<int>(alive_)](const Change<K, D>& c) {
         if (alive.expired()) return;
@@ -994,6 +1002,7 @@ bool Syncer<K, D, O>::Enabled(SyncOp op) const {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetSwitch(bool* field, bool on) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   if (*field == on) return;
   *field = on;
   if (on) {
@@ -1003,6 +1012,7 @@ void Syncer<K, D, O>::SetSwitch(bool* field, bool on) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetDesired(K key, D desired) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   Desire(std::move(key), std::move(desired), /*check=*/true);
 }
 
@@ -1025,6 +1035,7 @@ void Syncer<K, D, O>::Desire(K key, D desired, bool check) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::DeleteDesired(const K& key) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.desired.has_value()) return;
   --with_desired_;
@@ -1035,6 +1046,7 @@ void Syncer<K, D, O>::DeleteDesired(const K& key) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::ReplaceDesired(absl::flat_hash_map<K, D> desired) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   // One lookup per key of the snapshot (find first: no key copy when the
   // key is known). `in_snapshot` counts the keys that now have a desired
   // value from the snapshot; when that is every key with one, nothing was
@@ -1074,6 +1086,7 @@ void Syncer<K, D, O>::ReplaceDesired(absl::flat_hash_map<K, D> desired) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetObserved(K key, O observed) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   Observe(std::move(key), std::move(observed), /*check=*/true);
 }
 
@@ -1093,6 +1106,7 @@ void Syncer<K, D, O>::Observe(K key, O observed, bool check) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::DeleteObserved(const K& key) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.observed.has_value()) return;
   it->second.observed.reset();
@@ -1102,6 +1116,7 @@ void Syncer<K, D, O>::DeleteObserved(const K& key) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   filter_ = std::move(filter);
   ++epoch_;
   // The queues hold pointers to entries; rebuild them from scratch.
@@ -1190,6 +1205,7 @@ void Syncer<K, D, O>::Fence(KeyFilter<K> filter) {
 
 template <class K, class D, class O>
 void Syncer<K, D, O>::SetCallValues(const Context& values) {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   call_values_ = Context().WithValuesOf(values);
   ++call_values_version_;
   stale_logged_ = false;
@@ -1870,6 +1886,7 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
 
 template <class K, class D, class O>
 SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   SyncerStatus<K> s;
   s.in_sync = InSync();
   absl::Time now = clock_->Now();
@@ -1911,6 +1928,7 @@ SyncerStatus<K> Syncer<K, D, O>::StatusSnapshot(size_t max_failures) const {
 
 template <class K, class D, class O>
 const D* Syncer<K, D, O>::desired(const K& key) const {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   auto it = entries_.find(key);
   return it == entries_.end() || !it->second.desired.has_value()
              ? nullptr
@@ -1919,6 +1937,7 @@ const D* Syncer<K, D, O>::desired(const K& key) const {
 
 template <class K, class D, class O>
 const O* Syncer<K, D, O>::observed(const K& key) const {
+  SETPOINT_DCHECK_ON_RUNNER(runner_);
   auto it = entries_.find(key);
   return it == entries_.end() || !it->second.observed.has_value()
              ? nullptr
@@ -1926,11 +1945,11 @@ const O* Syncer<K, D, O>::observed(const K& key) const {
 }
 
 template <class K, class D, class O>
-SyncerCounters Syncer<K, D, O>::counters() const {
+SyncerStats Syncer<K, D, O>::stats() const {
   auto get = [](const std::atomic<int64_t>& a) {
     return a.load(std::memory_order_relaxed);
   };
-  return SyncerCounters{
+  return SyncerStats{
       .creates = get(counters_.creates),
       .updates = get(counters_.updates),
       .deletes = get(counters_.deletes),
