@@ -19,6 +19,7 @@
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
+#include "setpoint/base/status.h"
 #include "setpoint/processor/updater_pool.h"
 #include "spdlog/spdlog.h"
 
