@@ -233,6 +233,18 @@ class Execution {
     if (failure_.ok()) failure_ = std::move(status);
   }
 
+  // Makes room for one more record (called while Recording()). Past 1,024
+  // records it makes room for all max_recorded_steps at once: doubling up to
+  // 10,000 would move every record again and touch half as much memory more.
+  void ReserveRecord() {
+    std::vector<StepRecord>& steps = report_.steps;
+    if (ABSL_PREDICT_TRUE(steps.size() < steps.capacity())) return;
+    const size_t max = static_cast<size_t>(options_.max_recorded_steps);
+    steps.reserve(steps.size() < 1024
+                      ? std::min(max, std::max<size_t>(16, 2 * steps.size()))
+                      : max);
+  }
+
   bool Recording() const {
     return static_cast<int64_t>(report_.steps.size()) <
            options_.max_recorded_steps;
@@ -311,6 +323,8 @@ class Execution {
     int64_t id = -1;
     if (Recording()) {
       id = static_cast<int64_t>(report_.steps.size());
+      ReserveRecord();
+      ReserveRecord();
       StepRecord& rec = report_.steps.emplace_back();
       rec.id = id;
       rec.parent = pending.parent;
@@ -359,6 +373,7 @@ class Execution {
       report_.steps_truncated = true;
       return;
     }
+    ReserveRecord();
     StepRecord& rec = report_.steps.emplace_back();
     rec.id = static_cast<int64_t>(report_.steps.size()) - 1;
     rec.parent = pending.parent;

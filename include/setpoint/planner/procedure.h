@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -224,10 +225,13 @@ std::unique_ptr<Procedure> MakeProcedure(std::string name, Fn&& fn,
 //   return ProcedureList(std::make_unique<A>(), std::make_unique<B>());
 template <typename... P>
 Procedures ProcedureList(std::unique_ptr<P>... procedures) {
-  Procedures list;
-  list.reserve(sizeof...(P));
-  (list.push_back(std::move(procedures)), ...);
-  return list;
+  if constexpr (sizeof...(P) == 0) {
+    return Procedures();
+  } else {
+    std::unique_ptr<Procedure> items[] = {std::move(procedures)...};
+    return Procedures(std::make_move_iterator(std::begin(items)),
+                      std::make_move_iterator(std::end(items)));
+  }
 }
 
 }  // namespace setpoint
