@@ -46,8 +46,8 @@ absl::StatusOr<Procedures> SafeCreate(Plan& plan, const Context& ctx) {
   }
 }
 
-absl::StatusOr<Procedures> SafeDo(Procedure& procedure, const Context& ctx,
-                                  bool* threw) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<Procedures> SafeDo(
+    Procedure& procedure, const Context& ctx, bool* threw) {
   try {
     return procedure.Do(ctx);
   } catch (...) {
@@ -426,9 +426,14 @@ class Execution {
     // per step instead of two.
     int64_t next_start = kNoTime;
     const bool plain_default = options_.default_retry.max_attempts <= 1;
+    // ctx_.Done() per step, without its call: the stop token's flag, and the
+    // clock only when there is a deadline.
+    const std::stop_token& stop = ctx_.stop_token();
+    const bool has_deadline = ctx_.deadline() != absl::InfiniteFuture();
     Pending pending;
     while (PopNext(&pending)) {
-      if (ABSL_PREDICT_FALSE(ctx_.Done())) {
+      if (ABSL_PREDICT_FALSE(stop.stop_requested() ||
+                             (has_deadline && ctx_.Done()))) {
         StopBefore(pending);
         stack_.push_back(std::move(pending));
         return;
