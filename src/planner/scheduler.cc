@@ -274,7 +274,8 @@ class Execution {
     for (; round_next_ < round_list_.size(); ++round_next_) {
       RecordNotRun(Pending{std::move(round_list_[round_next_]), -1}, round);
     }
-    round_list_.clear();
+    // Its buffer came from the arena: give it back while the arena is active.
+    round_list_ = Procedures();
   }
 
   // Runs one procedure with its retry policy. Called without the parallel
