@@ -25,6 +25,15 @@
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/status_matchers.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SETPOINT_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SETPOINT_TEST_ASAN 1
+#endif
+
 namespace setpoint {
 namespace {
 
@@ -447,6 +456,24 @@ TEST(ProcedureArena, OutsideAScopeBlocksComeFromTheHeap) {
         big, planner_internal::kArenaMaxBlockBytes + 1);
     planner_internal::FreeProcedureMemory(in, 64);
   }
+}
+
+TEST(ProcedureArenaDeathTest, UseAfterFreeOfAnArenaBlockIsCaughtUnderAsan) {
+#ifndef SETPOINT_TEST_ASAN
+  GTEST_SKIP() << "needs AddressSanitizer (the arena poisons freed blocks)";
+#else
+  EXPECT_DEATH(
+      {
+        ArenaChunkCache cache;
+        ProcedureArena arena(&cache);
+        ProcedureArena::Scope scope(&arena);
+        auto* block = static_cast<volatile char*>(
+            planner_internal::AllocateProcedureMemory(64));
+        planner_internal::FreeProcedureMemory(const_cast<char*>(block), 64);
+        block[32] = 1;
+      },
+      "use-after-poison");
+#endif
 }
 
 }  // namespace
