@@ -39,8 +39,9 @@ class ProcedureArena;
 inline constexpr size_t kArenaChunkBytes = 64 * 1024;
 // Blocks larger than this come from the heap even inside an execution.
 inline constexpr size_t kArenaMaxBlockBytes = 1024;
-// How many chunks a cache keeps for the next execution (4 MiB).
-inline constexpr size_t kArenaMaxCachedChunks = 64;
+// How many chunks a cache keeps for the next execution (8 MiB: enough for
+// about 100,000 procedures of 64 bytes).
+inline constexpr size_t kArenaMaxCachedChunks = 128;
 
 struct alignas(16) ArenaChunk {
   // The arena that allocates from this chunk while it is active; null once

@@ -100,7 +100,7 @@ class Scheduler {
   //
   // Procedures made while it runs (inside Create and Do, on the threads that
   // run them) take their memory from an arena of this execution; see
-  // Procedure. The Scheduler keeps up to 4 MiB of that memory, and no more
+  // Procedure. The Scheduler keeps up to 8 MiB of that memory, and no more
   // than its last execution took, for the next one.
   ExecutionReport Execute(const Context& ctx, Plan& plan) const;
 
