@@ -325,7 +325,6 @@ class Execution {
     if (Recording()) {
       id = static_cast<int64_t>(report_.steps.size());
       ReserveRecord();
-      ReserveRecord();
       StepRecord& rec = report_.steps.emplace_back();
       rec.id = id;
       rec.parent = pending.parent;
@@ -478,6 +477,7 @@ class Execution {
       if (recording) {
         const int64_t now = NowNanos();
         id = static_cast<int64_t>(report_.steps.size());
+        ReserveRecord();
         report_.steps.push_back(
             StepRecord{.id = id,
                        .parent = pending.parent,
