@@ -8,8 +8,8 @@
 // The names of the benchmarks are stable so results can be compared over
 // time (bench/README.md keeps the last figures and the targets). Every
 // benchmark sets items processed to the procedures executed (made and
-// destroyed, for BM_ProcedureAllocation), except the reconcile ones, where
-// an item is one pass (or one Create call).
+// destroyed, for the BM_ProcedureAllocation ones), except the reconcile ones,
+// where an item is one pass (or one Create call).
 //
 // What users pay is what is measured: the default SchedulerOptions (so the
 // first 10,000 steps are recorded and timed on the real clock), the one info
@@ -109,9 +109,9 @@ void BM_SchedulerFlat(benchmark::State& state) {
 }
 BENCHMARK(BM_SchedulerFlat)->Arg(100'000)->Unit(benchmark::kMillisecond);
 
-// The floor under BM_SchedulerFlat, without a Scheduler: FlatPlan's heap
-// allocation of `n` Noops and their destruction, which the flat benchmark
-// pays too. Compare the two to see the Scheduler's own share.
+// `n` Noops made and destroyed outside any execution, so from the heap (one
+// new and one delete each, plus the list). Inside an execution they come from
+// its arena instead: BM_ProcedureAllocationInExecution.
 void BM_ProcedureAllocation(benchmark::State& state) {
   const int64_t n = state.range(0);
   for (auto _ : state) {
@@ -123,6 +123,41 @@ void BM_ProcedureAllocation(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 BENCHMARK(BM_ProcedureAllocation)->Arg(100'000)->Unit(benchmark::kMillisecond);
+
+// The floor under BM_SchedulerFlat: the same `n` Noops made and destroyed by
+// a Create, so from the execution's arena, in an Execute that then converges
+// with no step run. Compare with BM_SchedulerFlat to see the Scheduler's own
+// share.
+class MakeAndDropPlan final : public Plan {
+ public:
+  explicit MakeAndDropPlan(int64_t n) : n_(n) {}
+  std::string Name() const override { return "make and drop"; }
+  absl::StatusOr<Procedures> Create(const Context&) override {
+    Procedures todo;
+    todo.reserve(static_cast<size_t>(n_));
+    for (int64_t i = 0; i < n_; ++i) todo.push_back(std::make_unique<Noop>());
+    benchmark::DoNotOptimize(todo.data());
+    return Procedures{};
+  }
+
+ private:
+  const int64_t n_;
+};
+
+void BM_ProcedureAllocationInExecution(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Scheduler scheduler = MakeScheduler();
+  const Context ctx = Context::Background();
+  for (auto _ : state) {
+    MakeAndDropPlan plan(n);
+    ExecutionReport report = scheduler.Execute(ctx, plan);
+    if (!CheckReport(state, report, 0)) break;
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_ProcedureAllocationInExecution)
+    ->Arg(100'000)
+    ->Unit(benchmark::kMillisecond);
 
 // A link of a chain: its Do returns the next link until `remaining` is 1.
 class ChainLink final : public Procedure {

@@ -15,11 +15,9 @@
 namespace setpoint {
 namespace {
 
-ReconcileLoopOptions Clamp(ReconcileLoopOptions o) {
-  if (o.interval <= absl::ZeroDuration()) o.interval = absl::Milliseconds(1);
-  if (!(o.jitter >= 0.0)) o.jitter = 0.0;
-  if (o.jitter > 1.0) o.jitter = 1.0;
-  if (o.clock == nullptr) o.clock = Clock::Real();
+// Fills in the defaults (logger, seed); bad values are left for
+// ValidateReconcileLoopOptions to refuse.
+ReconcileLoopOptions WithDefaults(ReconcileLoopOptions o) {
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
   // The application may have dropped the default logger: log nowhere then.
   if (o.logger == nullptr)
@@ -118,9 +116,12 @@ void ReconcileLoop::CountReport(const ExecutionReport& report, bool interrupted,
 
 ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
     : plan_(plan),
-      options_(Clamp(std::move(options))),
+      options_(WithDefaults(std::move(options))),
+      options_status_(ValidateReconcileLoopOptions(options_)),
       scheduler_(options_.scheduler),
-      clock_(options_.clock),
+      // A null clock is refused (options_status_); nothing runs then, but
+      // NextRunTime() still reads a clock.
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       logger_(options_.logger.get()),
       paused_(options_.start_paused),
       failure_backoff_(options_.failure_backoff, options_.seed),
@@ -135,6 +136,10 @@ ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
 ReconcileLoop::~ReconcileLoop() { Stop(); }
 
 absl::Status ReconcileLoop::Start() {
+  if (!options_status_.ok()) {
+    return Annotate(options_status_,
+                    absl::StrCat("start reconcile loop plan=", plan_name_));
+  }
   {
     MutexLock l(&mu_);
     if (running_ || thread_.joinable()) {
@@ -379,6 +384,7 @@ bool ReconcileLoop::RunClaimed(const Context& ctx) {
 }
 
 bool ReconcileLoop::RunIfDue(const Context& ctx) {
+  if (!options_status_.ok()) return false;
   {
     MutexLock l(&mu_);
     if (running_ || ctx.Done() || !ClaimIfDueLocked()) return false;
@@ -393,6 +399,10 @@ bool ReconcileLoop::RunIfDue(const Context& ctx) {
 }
 
 absl::Status ReconcileLoop::Run(const Context& ctx) {
+  if (!options_status_.ok()) {
+    return Annotate(options_status_,
+                    absl::StrCat("run reconcile loop plan=", plan_name_));
+  }
   {
     MutexLock l(&mu_);
     if (running_) {

@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "planner/procedure_arena.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/base/retry.h"
@@ -43,8 +46,8 @@ absl::StatusOr<Procedures> SafeCreate(Plan& plan, const Context& ctx) {
   }
 }
 
-absl::StatusOr<Procedures> SafeDo(Procedure& procedure, const Context& ctx,
-                                  bool* threw) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<Procedures> SafeDo(
+    Procedure& procedure, const Context& ctx, bool* threw) {
   try {
     return procedure.Do(ctx);
   } catch (...) {
@@ -60,6 +63,14 @@ std::string SafePlanName(const Plan& plan) {
   } catch (...) {
     return "(plan name threw)";
   }
+}
+
+// Whether `list` holds a null procedure (reads only the pointers).
+inline bool HasNull(const Procedures& list) {
+  for (const auto& p : list) {
+    if (ABSL_PREDICT_FALSE(p == nullptr)) return true;
+  }
+  return false;
 }
 
 // Checks a returned list for null procedures. It reads only the pointers:
@@ -97,11 +108,9 @@ std::string NameList(const Procedures& list) {
   return out;
 }
 
-SchedulerOptions Clamp(SchedulerOptions o) {
-  o.max_rounds = std::max(o.max_rounds, 1);
-  o.max_recorded_steps = std::max<int64_t>(o.max_recorded_steps, 0);
-  o.parallelism = std::max(o.parallelism, 1);
-  o.default_retry.max_attempts = std::max(o.default_retry.max_attempts, 1);
+// Fills in the defaults (the logger); bad values are left for
+// ValidateSchedulerOptions to refuse.
+SchedulerOptions WithDefaults(SchedulerOptions o) {
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
   // The application may have dropped the default logger: log nowhere then.
   if (o.logger == nullptr)
@@ -125,20 +134,45 @@ struct StepResult {
 // The state of one Execute call.
 class Execution {
  public:
-  Execution(const SchedulerOptions& options, const Context& ctx, Plan& plan)
+  Execution(const SchedulerOptions& options, const Context& ctx, Plan& plan,
+            planner_internal::ArenaChunkCache* arenas)
       : options_(options),
+        arenas_(arenas),
         ctx_(ctx),
         plan_(plan),
         clock_(ctx.clock()),
+        real_clock_(clock_ == Clock::Real()),
         logger_(options.logger.get()),
         debug_(logger_ != nullptr &&
                logger_->should_log(spdlog::level::debug)) {
     report_.plan = SafePlanName(plan);
     report_.execution_id = g_next_execution_id.fetch_add(1);
-    report_.started = clock_->Now();
+    started_ns_ = NowNanos();
+    report_.started = absl::FromUnixNanos(started_ns_);
+  }
+
+  // Refuses to run: `status` says which option is bad.
+  ExecutionReport Refuse(const absl::Status& status) {
+    Fail(Annotate(status, Op()));
+    return Complete();
   }
 
   ExecutionReport Run() {
+    {
+      // Procedures (and their lists) made by Create and Do on this thread
+      // come from this execution's arena.
+      planner_internal::ProcedureArena arena(arenas_);
+      planner_internal::ProcedureArena::Scope scope(&arena);
+      RunRounds();
+      chunks_taken_ += arena.chunks_taken();
+    }
+    // What this execution needed is what the next one is likely to need.
+    arenas_->Trim(chunks_taken_.load());
+    return Complete();
+  }
+
+ private:
+  void RunRounds() {
     for (int round = 1;; ++round) {
       if (ctx_.Done()) {
         Fail(Annotate(
@@ -188,10 +222,8 @@ class Execution {
       RecordLeftovers(round);
       if (!failure_.ok()) break;
     }
-    return Complete();
   }
 
- private:
   std::string Op() const {
     return absl::StrCat("execute plan=", report_.plan,
                         " execution=", report_.execution_id);
@@ -199,6 +231,18 @@ class Execution {
 
   void Fail(absl::Status status) {
     if (failure_.ok()) failure_ = std::move(status);
+  }
+
+  // Makes room for one more record (called while Recording()). Past 1,024
+  // records it makes room for all max_recorded_steps at once: doubling up to
+  // 10,000 would move every record again and touch half as much memory more.
+  void ReserveRecord() {
+    std::vector<StepRecord>& steps = report_.steps;
+    if (ABSL_PREDICT_TRUE(steps.size() < steps.capacity())) return;
+    const size_t max = static_cast<size_t>(options_.max_recorded_steps);
+    steps.reserve(steps.size() < 1024
+                      ? std::min(max, std::max<size_t>(16, 2 * steps.size()))
+                      : max);
   }
 
   bool Recording() const {
@@ -230,7 +274,8 @@ class Execution {
     for (; round_next_ < round_list_.size(); ++round_next_) {
       RecordNotRun(Pending{std::move(round_list_[round_next_]), -1}, round);
     }
-    round_list_.clear();
+    // Its buffer came from the arena: give it back while the arena is active.
+    round_list_ = Procedures();
   }
 
   // Runs one procedure with its retry policy. Called without the parallel
@@ -279,6 +324,7 @@ class Execution {
     int64_t id = -1;
     if (Recording()) {
       id = static_cast<int64_t>(report_.steps.size());
+      ReserveRecord();
       StepRecord& rec = report_.steps.emplace_back();
       rec.id = id;
       rec.parent = pending.parent;
@@ -288,8 +334,10 @@ class Execution {
           result.status.ok() ? StepOutcome::kSucceeded : StepOutcome::kFailed;
       rec.status = result.status;
       rec.attempts = result.attempts;
-      rec.start = started - report_.started;
-      rec.duration = took;
+      if (started != absl::InfinitePast()) {
+        rec.start = started - report_.started;
+        rec.duration = took;
+      }
     } else {
       report_.steps_truncated = true;
     }
@@ -315,10 +363,7 @@ class Execution {
                                  "\" attempts=", result.attempts)));
       return options_.continue_on_failure;
     }
-    for (auto it = result.children.rbegin(); it != result.children.rend();
-         ++it) {
-      stack_.push_back(Pending{std::move(*it), id});
-    }
+    PushChildren(result.children, id);
     return true;
   }
 
@@ -328,6 +373,7 @@ class Execution {
       report_.steps_truncated = true;
       return;
     }
+    ReserveRecord();
     StepRecord& rec = report_.steps.emplace_back();
     rec.id = static_cast<int64_t>(report_.steps.size()) - 1;
     rec.parent = pending.parent;
@@ -342,36 +388,71 @@ class Execution {
                                            pending.procedure->Name(), "\"")));
   }
 
+  // The clock in nanoseconds since the Unix epoch: absl's own reading for
+  // the real clock (what absl::Now() wraps), the context's clock otherwise.
+  int64_t NowNanos() const {
+    return real_clock_ ? absl::GetCurrentTimeNanos()
+                       : absl::ToUnixNanos(clock_->Now());
+  }
+
+  // Pushes `children` so that the first runs next.
+  void PushChildren(Procedures& children, int64_t parent) {
+    for (size_t i = children.size(); i-- > 0;) {
+      stack_.push_back(Pending{std::move(children[i]), parent});
+    }
+  }
+
+  // One step that ends the execution's recording or takes a path other than
+  // the hot ones below (retries, a failure, debug logging, an empty name).
+  // Returns false when the execution must stop.
+  bool RunGeneral(Pending& pending, int64_t* next_start) {
+    const bool timed = Recording();
+    int64_t started = 0;
+    if (timed) started = *next_start != kNoTime ? *next_start : NowNanos();
+    StepResult result =
+        RunStep(*pending.procedure, pending.parent, next_seq_++);
+    absl::Duration took = absl::ZeroDuration();
+    absl::Time start = absl::InfinitePast();
+    if (timed) {
+      *next_start = NowNanos();
+      took = absl::Nanoseconds(*next_start - started);
+      start = report_.started + absl::Nanoseconds(started - started_ns_);
+    }
+    return Finish(pending, result, start, took);
+  }
+
   void RunSerial() {
     // The end of one recorded step is the start of the next: one clock read
     // per step instead of two.
-    absl::Time next_start = absl::InfinitePast();
+    int64_t next_start = kNoTime;
     const bool plain_default = options_.default_retry.max_attempts <= 1;
+    // ctx_.Done() per step, without its call: the stop token's flag, and the
+    // clock only when there is a deadline.
+    const std::stop_token& stop = ctx_.stop_token();
+    const bool has_deadline = ctx_.deadline() != absl::InfiniteFuture();
     Pending pending;
     while (PopNext(&pending)) {
-      if (ABSL_PREDICT_FALSE(ctx_.Done())) {
+      if (ABSL_PREDICT_FALSE(stop.stop_requested() ||
+                             (has_deadline && ctx_.Done()))) {
         StopBefore(pending);
         stack_.push_back(std::move(pending));
         return;
       }
       Procedure& procedure = *pending.procedure;
-      if (ABSL_PREDICT_TRUE(!Recording() && !debug_ && plain_default &&
-                            procedure.retry_policy() == nullptr &&
-                            !procedure.Name().empty())) {
-        // The hot path once recording has stopped: one attempt, nothing to
-        // record or log; failures take the general path below.
-        ++next_seq_;
-        bool threw = false;
-        absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_, &threw);
-        if (ABSL_PREDICT_TRUE(out.ok()) &&
-            (out->empty() || CheckNotNull(*out).ok())) {
-          ++report_.steps_run;
-          report_.steps_truncated = true;
-          for (auto it = out->rbegin(); it != out->rend(); ++it) {
-            stack_.push_back(Pending{std::move(*it), -1});
-          }
-          continue;
-        }
+      if (ABSL_PREDICT_FALSE(debug_ || !plain_default ||
+                             procedure.retry_policy() != nullptr ||
+                             procedure.Name().empty())) {
+        if (!RunGeneral(pending, &next_start)) return;
+        continue;
+      }
+      // One attempt, nothing to log: success costs one Do call, a clock read
+      // and a record while recording, and nothing else once it has stopped.
+      const bool recording = Recording();
+      if (recording && next_start == kNoTime) next_start = NowNanos();
+      ++next_seq_;
+      bool threw = false;
+      absl::StatusOr<Procedures> out = SafeDo(procedure, ctx_, &threw);
+      if (ABSL_PREDICT_FALSE(!out.ok() || HasNull(*out))) {
         StepResult result;
         result.attempts = 1;
         if (out.ok()) {
@@ -380,25 +461,38 @@ class Execution {
         } else {
           result.status = std::move(out).status();
         }
-        if (!Finish(pending, result, absl::InfinitePast(),
-                    absl::ZeroDuration())) {
-          return;
+        absl::Time start = absl::InfinitePast();
+        absl::Duration took = absl::ZeroDuration();
+        if (recording) {
+          const int64_t now = NowNanos();
+          start = report_.started + absl::Nanoseconds(next_start - started_ns_);
+          took = absl::Nanoseconds(now - next_start);
+          next_start = now;
         }
+        if (!Finish(pending, result, start, took)) return;
         continue;
       }
-      bool timed = Recording();
-      absl::Time started = absl::InfinitePast();
-      if (timed) {
-        started =
-            next_start != absl::InfinitePast() ? next_start : clock_->Now();
+      ++report_.steps_run;
+      int64_t id = -1;
+      if (recording) {
+        const int64_t now = NowNanos();
+        id = static_cast<int64_t>(report_.steps.size());
+        ReserveRecord();
+        report_.steps.push_back(
+            StepRecord{.id = id,
+                       .parent = pending.parent,
+                       .round = round_,
+                       .name = procedure.Name(),
+                       .outcome = StepOutcome::kSucceeded,
+                       .status = {},
+                       .attempts = 1,
+                       .start = absl::Nanoseconds(next_start - started_ns_),
+                       .duration = absl::Nanoseconds(now - next_start)});
+        next_start = now;
+      } else {
+        report_.steps_truncated = true;
       }
-      StepResult result = RunStep(procedure, pending.parent, next_seq_++);
-      absl::Duration took = absl::ZeroDuration();
-      if (timed) {
-        next_start = clock_->Now();
-        took = next_start - started;
-      }
-      if (!Finish(pending, result, started, took)) return;
+      PushChildren(*out, id);
     }
   }
 
@@ -411,6 +505,9 @@ class Execution {
       return !stack_.empty() || round_next_ < round_list_.size();
     };
     auto worker = [&] {
+      // Each thread has its own arena: what it creates in Do comes from it.
+      planner_internal::ProcedureArena arena(arenas_);
+      planner_internal::ProcedureArena::Scope scope(&arena);
       mu.Lock();
       while (true) {
         cv.Wait(&mu, {}, [&] { return stop || has_work() || in_flight == 0; });
@@ -442,6 +539,7 @@ class Execution {
       }
       cv.SignalAll();
       mu.Unlock();
+      chunks_taken_ += arena.chunks_taken();
     };
     std::vector<std::jthread> threads;
     threads.reserve(options_.parallelism - 1);
@@ -451,6 +549,8 @@ class Execution {
         worker();
       });
     }
+    // The calling thread's worker has an arena of its own too, released at
+    // the end of the round like the others.
     worker();
     threads.clear();  // Joins.
   }
@@ -472,15 +572,21 @@ class Execution {
   }
 
   const SchedulerOptions& options_;
+  planner_internal::ArenaChunkCache* const arenas_;
   const Context& ctx_;
   Plan& plan_;
+  // No clock reading yet (NowNanos never returns it in practice).
+  static constexpr int64_t kNoTime = std::numeric_limits<int64_t>::min();
+
   Clock* const clock_;
+  const bool real_clock_;  // clock_ is Clock::Real(): read absl's directly.
   spdlog::logger* const logger_;
   const bool debug_;
 
   // With parallelism > 1 the members below are guarded by RunParallel's
   // mutex while workers run (but retries_, an atomic bumped without it);
   // otherwise only the calling thread touches them.
+  int64_t started_ns_ = 0;  // report_.started in Unix nanoseconds.
   ExecutionReport report_;
   Procedures round_list_;       // The current round's procedures, run in place.
   size_t round_next_ = 0;       // The next of round_list_ to run.
@@ -488,6 +594,8 @@ class Execution {
   absl::Status failure_;
   int round_ = 0;
   std::atomic<int64_t> retries_{0};
+  // Arena chunks taken by this execution's threads (for ArenaChunkCache).
+  std::atomic<size_t> chunks_taken_{0};
   uint64_t next_seq_ = 0;  // Steps started; seeds each step's retry jitter.
 };
 
@@ -531,16 +639,20 @@ std::string FormatPreview(const std::vector<PreviewItem>& items) {
 }
 
 Scheduler::Scheduler(SchedulerOptions options)
-    : options_(Clamp(std::move(options))) {}
+    : options_(WithDefaults(std::move(options))),
+      options_status_(ValidateSchedulerOptions(options_)),
+      arenas_(std::make_shared<planner_internal::ArenaChunkCache>()) {}
 
 ExecutionReport Scheduler::Execute(const Context& ctx, Plan& plan) const {
-  Execution execution(options_, ctx, plan);
+  Execution execution(options_, ctx, plan, arenas_.get());
+  if (!options_status_.ok()) return execution.Refuse(options_status_);
   return execution.Run();
 }
 
 absl::StatusOr<std::vector<PreviewItem>> Scheduler::Preview(const Context& ctx,
                                                             Plan& plan) const {
   std::string op = absl::StrCat("preview plan=", SafePlanName(plan));
+  if (!options_status_.ok()) return Annotate(options_status_, op);
   if (ctx.Done()) return Annotate(ctx.Err(), op);
   absl::StatusOr<Procedures> created = SafeCreate(plan, ctx);
   if (!created.ok()) return Annotate(created.status(), op + " create");

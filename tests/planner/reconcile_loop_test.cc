@@ -800,5 +800,55 @@ TEST(ReconcileLoopOptions, ValidateNamesTheField) {
                        ::testing::HasSubstr("failure_backoff")));
 }
 
+TEST(ReconcileLoopOptions, BadOptionsAreRefusedNotClamped) {
+  SimulatedClock clock;
+  CountingPlan plan;
+  const Context ctx = Context::Background(&clock);
+
+  ReconcileLoopOptions zero_interval = Options(&clock);
+  zero_interval.interval = absl::ZeroDuration();
+  ReconcileLoop loop(plan, zero_interval);
+  EXPECT_THAT(loop.options_status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("interval must be > 0")));
+  EXPECT_THAT(loop.Start(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr(
+                           "start reconcile loop plan=counting: reconcile "
+                           "loop options: interval must be > 0, got 0")));
+  EXPECT_THAT(
+      loop.Run(ctx),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               ::testing::HasSubstr("run reconcile loop plan=counting")));
+  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_EQ(plan.creates, 0);
+  EXPECT_EQ(loop.stats().executions, 0);
+
+  ReconcileLoopOptions high_jitter = Options(&clock);
+  high_jitter.jitter = 1.5;
+  ReconcileLoop jittery(plan, high_jitter);
+  EXPECT_THAT(jittery.Start(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("jitter must be in [0, 1]")));
+
+  ReconcileLoopOptions no_clock = Options(&clock);
+  no_clock.clock = nullptr;
+  ReconcileLoop clockless(plan, no_clock);
+  EXPECT_THAT(clockless.Run(ctx),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("clock is null")));
+  EXPECT_EQ(clockless.NextRunTime(), absl::InfinitePast());
+
+  ReconcileLoopOptions bad_scheduler = Options(&clock);
+  bad_scheduler.scheduler.max_rounds = 0;
+  ReconcileLoop unschedulable(plan, bad_scheduler);
+  EXPECT_THAT(unschedulable.Start(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("max_rounds must be >= 1, got 0")));
+  EXPECT_FALSE(unschedulable.RunIfDue(ctx));
+  EXPECT_EQ(plan.creates, 0);
+  EXPECT_THAT(ReconcileLoop(plan, Options(&clock)).options_status(), IsOk());
+}
+
 }  // namespace
 }  // namespace setpoint

@@ -911,15 +911,33 @@ TEST(SchedulerOptions, ValidateNamesTheField) {
   EXPECT_THAT(
       ValidateSchedulerOptions(o),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_attempts")));
-  // Invalid options are clamped, never crash.
+}
+
+TEST(SchedulerOptions, BadOptionsAreRefusedBeforeCreate) {
   NeverConverges plan;
-  ExecutionReport r =
-      Scheduler(
-          {.max_rounds = -3,
-           .parallelism = -1,
-           .logger = ::setpoint::testing::NullLogger(spdlog::level::trace)})
-          .Execute(Context(), plan);
-  EXPECT_EQ(r.rounds, 1);
+  Scheduler scheduler(Quiet({.max_rounds = -3, .parallelism = -1}));
+  EXPECT_THAT(scheduler.options_status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("max_rounds must be >= 1, got -3")));
+  ExecutionReport r = scheduler.Execute(Context(), plan);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInvalidArgument,
+                                 HasSubstr("max_rounds must be >= 1, got -3")));
+  EXPECT_THAT(std::string(r.status.message()),
+              HasSubstr("execute plan=stubborn"));
+  EXPECT_EQ(plan.creates, 0);
+  EXPECT_EQ(r.rounds, 0);
+  EXPECT_EQ(r.steps_run, 0);
+  EXPECT_THAT(
+      scheduler.Preview(Context(), plan),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rounds")));
+  EXPECT_EQ(plan.creates, 0);
+
+  Scheduler bad_parallelism(Quiet({.parallelism = 0}));
+  EXPECT_THAT(bad_parallelism.Execute(Context(), plan).status,
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("parallelism must be >= 1, got 0")));
+  EXPECT_EQ(plan.creates, 0);
+  EXPECT_THAT(Scheduler(Quiet()).options_status(), IsOk());
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ namespace setpoint {
 
 struct ReconcileLoopOptions {
   // Time between the end of one successful execution and the next start.
+  // Must be > 0.
   // Default: 10 s.
   absl::Duration interval = absl::Seconds(10);
   // Each wait is lengthened by a random fraction in [0, jitter) of itself, so
@@ -72,6 +73,7 @@ struct ReconcileLoopOptions {
   // Options of the Scheduler that runs each execution.
   // Default: SchedulerOptions{}.
   SchedulerOptions scheduler = {};
+  // Where the loop reads the time and waits. Must not be null.
   // Default: Clock::Real().
   Clock* clock = Clock::Real();
   // Default: spdlog's default logger at construction.
@@ -116,8 +118,9 @@ struct ReconcileLoopStats {
 
 class ReconcileLoop {
  public:
-  // `plan` must outlive the loop. Invalid options are clamped (validate them
-  // first with ValidateReconcileLoopOptions to report them).
+  // `plan` must outlive the loop. Bad options are not corrected: Start() and
+  // Run() return kInvalidArgument naming the field, RunIfDue() runs nothing,
+  // and options_status() says why from the start.
   ReconcileLoop(Plan& plan, ReconcileLoopOptions options = {});
   // Calls Stop().
   ~ReconcileLoop();
@@ -125,7 +128,8 @@ class ReconcileLoop {
   ReconcileLoop& operator=(const ReconcileLoop&) = delete;
 
   // Starts the loop on its own thread; the first execution starts at once.
-  // Returns kFailedPrecondition if already started or running via Run() or
+  // Returns kInvalidArgument for bad options (see options_status()), or
+  // kFailedPrecondition if already started or running via Run() or
   // RunIfDue().
   absl::Status Start();
   // Cancels the running execution (its context is cancelled), waits for the
@@ -133,8 +137,9 @@ class ReconcileLoop {
   void Stop();
 
   // Runs the loop on the calling thread until `ctx` is done (cancelled or past
-  // its deadline); returns ctx.Err() then, or kFailedPrecondition if the loop
-  // is already running (Start, Run or RunIfDue). Waits use options.clock; give
+  // its deadline); returns ctx.Err() then, kInvalidArgument for bad options,
+  // or kFailedPrecondition if the loop is already running (Start, Run or
+  // RunIfDue). Waits use options.clock; give
   // `ctx` the same clock.
   absl::Status Run(const Context& ctx);
 
@@ -160,12 +165,17 @@ class ReconcileLoop {
   // since the last one has passed) and the loop is not paused, runs it on the
   // calling thread. Returns whether an execution ran: false for a gate skip,
   // and false without doing anything while Start(), Run() or another
-  // RunIfDue() is active or when `ctx` is done. Give `ctx` options.clock.
+  // RunIfDue() is active, when `ctx` is done, or when the options are bad
+  // (options_status()). Give `ctx` options.clock.
   bool RunIfDue(const Context& ctx);
   // When the next execution is due: absl::InfinitePast() if due now,
   // absl::InfiniteFuture() while paused or while an execution runs (unless a
   // Trigger() asks for one more). Any thread.
   absl::Time NextRunTime() const;
+
+  // OK, or kInvalidArgument naming the bad field of the options (what
+  // ValidateReconcileLoopOptions returned for them).
+  const absl::Status& options_status() const { return options_status_; }
 
   // The report of the last finished execution, if any.
   std::optional<ExecutionReport> last_report() const;
@@ -198,6 +208,7 @@ class ReconcileLoop {
   // Counts `report` in options_.metrics (no-op without).
   void CountReport(const ExecutionReport& report, bool interrupted, bool stale);
   const ReconcileLoopOptions options_;
+  const absl::Status options_status_;
   const Scheduler scheduler_;
   Clock* const clock_;
   spdlog::logger* const logger_;

@@ -16,7 +16,8 @@
 // kAborted naming what it still wanted.
 //
 // Thread safety: Execute() and Preview() may be called concurrently on one
-// Scheduler (they share nothing but the options).
+// Scheduler (they share only the options and the thread-safe cache of arena
+// memory).
 #ifndef SETPOINT_PLANNER_SCHEDULER_H_
 #define SETPOINT_PLANNER_SCHEDULER_H_
 
@@ -40,6 +41,7 @@ struct SchedulerOptions {
   // Default: 100.
   int max_rounds = 100;
   // Steps kept in ExecutionReport::steps; later steps are only counted.
+  // At least 0.
   // Default: 10,000.
   int64_t max_recorded_steps = 10'000;
   // Procedures run at once. 1 runs them strictly in order (depth first).
@@ -54,7 +56,8 @@ struct SchedulerOptions {
   // execution reports the first failure after the round ends.
   // Default: false.
   bool continue_on_failure = false;
-  // The retry policy for procedures that set none.
+  // The retry policy for procedures that set none; max_attempts at least 1
+  // and valid backoff options.
   // Default: one attempt.
   RetryPolicy default_retry = {};
   // Seed for the jitter of retry backoffs, so tests can fix it; each step's
@@ -79,26 +82,45 @@ struct PreviewItem {
 // Renders a preview as numbered lines, for printing.
 std::string FormatPreview(const std::vector<PreviewItem>& items);
 
+namespace planner_internal {
+class ArenaChunkCache;
+}  // namespace planner_internal
+
 class Scheduler {
  public:
-  // Invalid options are clamped to the nearest valid values (check them with
-  // ValidateSchedulerOptions first to report them).
+  // Keeps `options` as given (the logger filled in when null). Bad options
+  // are not corrected: Execute() and Preview() refuse them (see below), and
+  // options_status() says so at once.
   explicit Scheduler(SchedulerOptions options = {});
 
   // Runs `plan` until Create() returns nothing, the context ends, a step
   // fails (see continue_on_failure), or max_rounds passes. Never throws.
+  // With bad options it runs nothing (no Create call): the report's status
+  // is kInvalidArgument naming the field, as options_status() says.
+  //
+  // Procedures made while it runs (inside Create and Do, on the threads that
+  // run them) take their memory from an arena of this execution; see
+  // Procedure. The Scheduler keeps up to 8 MiB of that memory, and no more
+  // than its last execution took, for the next one.
   ExecutionReport Execute(const Context& ctx, Plan& plan) const;
 
   // What the next round would run: calls Create() only (no Do()). Returns
-  // Create's error, kInvalidArgument for null or unnamed procedures, or the
-  // context's error.
+  // Create's error, kInvalidArgument for null or unnamed procedures or for
+  // bad options, or the context's error.
   absl::StatusOr<std::vector<PreviewItem>> Preview(const Context& ctx,
                                                    Plan& plan) const;
 
   const SchedulerOptions& options() const { return options_; }
+  // OK, or kInvalidArgument naming the bad field of options() (what
+  // ValidateSchedulerOptions returns).
+  const absl::Status& options_status() const { return options_status_; }
 
  private:
   SchedulerOptions options_;
+  absl::Status options_status_;
+  // Arena memory kept between executions; shared by copies of this
+  // Scheduler. Thread-safe.
+  std::shared_ptr<planner_internal::ArenaChunkCache> arenas_;
 };
 
 }  // namespace setpoint
