@@ -18,6 +18,8 @@
 //
 // BM_IngestWhatIf* are hand-wired variants that show what a change in the
 // library would buy (bench/README.md); they are not what the library does.
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -41,11 +43,14 @@
 #include "setpoint/base/context.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/controller/controller.h"
+#include "setpoint/node/node_manager.h"
 #include "setpoint/node/shard.h"
+#include "setpoint/planner/plan.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/source.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/syncer.h"
+#include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
 
@@ -720,6 +725,120 @@ void RegisterAll(bool quick) {
 
 }  // namespace
 }  // namespace setpoint
+
+// ---- Threads per pod, whole controller nodes
+// -------------------------------------------
+
+namespace {
+
+// Threads of this process now (/proc/self/task).
+int64_t PodThreads() {
+  int64_t n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    closedir(dir);
+  }
+  return n;
+}
+
+class NoopRecordClient : public setpoint::SyncerClient<std::string, int, int> {
+ public:
+  absl::Status Create(const setpoint::Context&, const std::string&,
+                      const int&) override {
+    return absl::OkStatus();
+  }
+  absl::Status Update(const setpoint::Context&, const std::string&, const int&,
+                      const int&) override {
+    return absl::OkStatus();
+  }
+  absl::Status Delete(const setpoint::Context&, const std::string&,
+                      const int&) override {
+    return absl::OkStatus();
+  }
+};
+
+// A pod (a NodeManager on an in-memory registry) of N controller nodes,
+// each with two Poll sources, a Sync with default options and a Reconcile
+// plan: the shape the issue counted 12 threads per node for. Timed: the
+// pod's start until every node owns its share and runs. Counter: the
+// threads the pod added. updaters:0 gives each syncer its own pool (the
+// previous behaviour), updaters:16 is the default pod-wide pool.
+void BM_ControllerThreadsPerPod(benchmark::State& state) {
+  const int nodes = static_cast<int>(state.range(0));
+  const int updaters = static_cast<int>(state.range(1));
+  NoopRecordClient client;
+  int64_t added = 0;
+  for (auto _ : state) {
+    setpoint::InMemoryNodeRegistry registry;
+    setpoint::ControllerKind kind{
+        .kind = "records",
+        .count = nodes,
+        .build =
+            [&](setpoint::ControllerBuilder& b) {
+              using Map = absl::flat_hash_map<std::string, int>;
+              auto* seen = b.Poll<std::string, int>(
+                  "seen", [](const setpoint::Context&) { return Map{}; });
+              auto* want = b.Poll<std::string, int>(
+                  "want", [](const setpoint::Context&) { return Map{}; });
+              b.Sync<std::string, int, int>("records", &client, seen, want);
+              b.Reconcile(setpoint::MakePlan(
+                  "noop",
+                  [](const setpoint::Context&)
+                      -> absl::StatusOr<setpoint::Procedures> {
+                    return setpoint::Procedures{};
+                  }));
+              return absl::OkStatus();
+            },
+        .options = {.logger = setpoint::testing::NullLogger()}};
+    const int64_t before = PodThreads();
+    setpoint::NodeManager pod({.pod_id = "pod",
+                               .kinds = {kind.ToNodeKind()},
+                               .registry = &registry,
+                               .poll_interval = absl::Milliseconds(50),
+                               .lease = absl::Seconds(1),
+                               .updater_threads = updaters,
+                               .logger = setpoint::testing::NullLogger()});
+    if (!pod.Start().ok()) {
+      state.SkipWithError("pod did not start");
+      return;
+    }
+    const bool owned = setpoint::testing::AwaitCondition(
+        [&] {
+          uint32_t covered = 0;
+          for (const setpoint::NodeState& n : pod.Nodes()) {
+            covered += n.active.range.size();
+          }
+          return covered == setpoint::kDefaultRingSize &&
+                 pod.Readiness(absl::Seconds(30)).empty();
+        },
+        absl::Seconds(60));
+    state.PauseTiming();
+    added = PodThreads() - before;
+    pod.Stop();
+    state.ResumeTiming();
+    if (!owned) {
+      state.SkipWithError("the pod did not own its ring and get ready");
+      return;
+    }
+  }
+  state.counters["threads"] = static_cast<double>(added);
+  state.counters["threads_per_node"] = static_cast<double>(added) / nodes;
+}
+BENCHMARK(BM_ControllerThreadsPerPod)
+    ->ArgNames({"nodes", "updaters"})
+    ->Args({1, 0})
+    ->Args({1, 16})
+    ->Args({10, 0})
+    ->Args({10, 16})
+    ->Args({100, 0})
+    ->Args({100, 16})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
 
 // Google Benchmark's flags, plus --quick: 10 handoffs and one ingest
 // iteration per benchmark (a few seconds).
