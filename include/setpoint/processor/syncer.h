@@ -7,8 +7,9 @@
 //   VmClient client;
 //   Syncer<std::string, Spec, Vm> syncer(&runner, &client, {
 //       .name = "vms",
-//       .needs_update = [](const Spec& d, const Vm& o) { return d.size !=
-//       o.size; },
+//       .needs_update = [](const Spec& d, const Vm& o) {
+//         return d.size != o.size;
+//       },
 //   });
 //   syncer.ObserveFrom(&vm_store);       // observed state, and its sync
 //   syncer.Start();                      // updater threads "sp-updater"

@@ -9,9 +9,11 @@
 //   t.Watch(&replica_sets);                    // snapshot style
 //   t.Watch(&dns_names, [](const Change<std::string, Name>& c) {
 //     DesiredDiff<std::string, Spec> diff;     // per-change style
-//     if (c.kind == ChangeKind::kSet) diff.set.emplace_back(c.key,
-//     ToSpec(*c.new_value)); if (c.kind == ChangeKind::kDelete)
-//     diff.remove.push_back(c.key); return diff;
+//     if (c.kind == ChangeKind::kSet) {
+//       diff.set.emplace_back(c.key, ToSpec(*c.new_value));
+//     }
+//     if (c.kind == ChangeKind::kDelete) diff.remove.push_back(c.key);
+//     return diff;
 //   });
 //
 // Snapshot style: once every watched store is in sync, Snapshot() runs and
