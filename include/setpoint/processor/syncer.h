@@ -1622,8 +1622,8 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     e.expect_op = r.op;
     e.expect_observed_seq = r.observed_seq;
     e.expect_until = now + options_.expectation_timeout;
-    SPDLOG_LOGGER_DEBUG(logger_, "syncer {} done syncer={} key={}",
-                        SyncOpName(r.op), name(), internal::KeyForLog(r.key));
+    SETPOINT_LOG_DEBUG(logger_, "syncer {} done syncer={} key={}",
+                       SyncOpName(r.op), name(), internal::KeyForLog(r.key));
   } else if (IsTerminal(r.status)) {
     counters_.terminal_failures.fetch_add(1, std::memory_order_relaxed);
     CountOp(r.op, kTerminal);

@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/logging.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/synchronizable.h"
@@ -253,8 +254,8 @@ void Transformer<K, D>::ScheduleSnapshot(absl::Duration delay) {
       },
       "transformer snapshot");
   if (!timer.ok()) {
-    SPDLOG_LOGGER_DEBUG(logger_, "transformer snapshot not scheduled {}: {}",
-                        name(), timer.status());
+    SETPOINT_LOG_DEBUG(logger_, "transformer snapshot not scheduled {}: {}",
+                       name(), timer.status());
     return;
   }
   timer_ = *timer;
