@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/optimization.h"
+#include "absl/strings/str_cat.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/spdlog.h"
@@ -736,13 +737,13 @@ absl::Status Runner::Start() {
   {
     MutexLock l(&shared_->mu);
     if (shared_->stopping) {
-      return absl::FailedPreconditionError("start runner " + name_ +
-                                           ": already stopped");
+      return absl::FailedPreconditionError(
+          absl::StrCat("start runner name=", name_, ": already stopped"));
     }
   }
   if (thread_.joinable()) {
-    return absl::FailedPreconditionError("start runner " + name_ +
-                                         ": already started");
+    return absl::FailedPreconditionError(
+        absl::StrCat("start runner name=", name_, ": already started"));
   }
   if (slow_threshold_ < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(

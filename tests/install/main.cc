@@ -1,17 +1,24 @@
-// Builds against an installed setpoint: runs a tiny plan to convergence and
-// a one-node controller under the test harness, both on a simulated clock.
-// Exits 0 only if both converged as expected and the Prometheus adapter
-// and the pod's listener serve a metric.
+// A program that uses setpoint as a user would, built both against an
+// installed setpoint (find_package, tests/install) and against the source
+// tree (add_subdirectory, tests/subdir): runs a tiny plan to convergence and
+// a one-node controller under the test harness, both on a simulated clock,
+// and drains a pod in a Redis registry on a redis-server of its own.
+// Exits 0 only if both converged as expected, the Redis registry recorded
+// the drain, and the Prometheus adapter and the pod's listener serve a
+// metric. Without redis-server the Redis part is skipped, unless CI is set.
 #include <cstdio>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "setpoint/controller/controller.h"
 #include "setpoint/planner/plan.h"
 #include "setpoint/planner/scheduler.h"
 #include "setpoint/pod/ops_server.h"
 #include "setpoint/prometheus/prometheus_metrics.h"
+#include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/controller_harness.h"
+#include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/simulated_clock.h"
 
 namespace {
@@ -64,6 +71,32 @@ bool ControllerConverges() {
   return client.world == want;
 }
 
+// A Redis registry on a redis-server of our own records a drained pod.
+bool RedisRegistryRecordsADrain() {
+  setpoint::testing::RedisServer server;
+  absl::Status started = server.Start();
+  if (absl::IsNotFound(started) && !setpoint::testing::RedisRequired()) {
+    std::printf("redis: skipped (%s)\n", started.ToString().c_str());
+    return true;
+  }
+  if (!started.ok()) {
+    std::printf("redis: %s\n", started.ToString().c_str());
+    return false;
+  }
+  auto registry = setpoint::RedisNodeRegistry::Create(
+      {.address = server.address(), .ns = "consumer"});
+  if (!registry.ok()) {
+    std::printf("redis: %s\n", registry.status().ToString().c_str());
+    return false;
+  }
+  const setpoint::Context ctx = setpoint::Context::Background();
+  if (!(*registry)->SetDrained(ctx, "pod-a", true).ok()) return false;
+  auto described = (*registry)->Describe(ctx);
+  if (!described.ok()) return false;
+  std::printf("redis: %zu drained pod(s)\n", described->drained.size());
+  return described->drained.size() == 1 && described->drained.contains("pod-a");
+}
+
 }  // namespace
 
 int main() {
@@ -97,5 +130,7 @@ int main() {
                           setpoint::OpsServer::Start(
                               {.address = "127.0.0.1:0", .metrics = &metrics})
                               .ok();
-  return plan_ok && metrics_ok && ControllerConverges() ? 0 : 1;
+  const bool controller_ok = ControllerConverges();
+  const bool redis_ok = RedisRegistryRecordsADrain();
+  return plan_ok && metrics_ok && controller_ok && redis_ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // Tests for setpoint/processor/store.h.
 #include "setpoint/processor/store.h"
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "setpoint/testing/null_logger.h"
+#include "spdlog/logger.h"
+#include "spdlog/pattern_formatter.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
 
 namespace setpoint {
 namespace {
@@ -206,6 +210,31 @@ TEST(Store, StatsCountEveryKindOfOutcome) {
   EXPECT_EQ(s.deletes, 1);
   EXPECT_EQ(s.forgets, 1);
   EXPECT_EQ(s.ignored, 2);
+}
+
+// Store's debug lines are in a template, compiled here with spdlog's default
+// SPDLOG_ACTIVE_LEVEL (info): they must still reach a logger at debug level,
+// with their source location, and be filtered out at info.
+TEST(Store, DebugLinesFromTheHeaderFollowTheLoggersLevel) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(16);
+  sink->set_formatter(std::make_unique<spdlog::pattern_formatter>(
+      "%l %s %v", spdlog::pattern_time_type::local, /*eol=*/""));
+  auto logger = std::make_shared<spdlog::logger>("store", sink);
+  IntStore store({.name = "logged", .logger = logger});
+
+  logger->set_level(spdlog::level::info);
+  store.SetFilter(nullptr);
+  EXPECT_THAT(sink->last_formatted(), IsEmpty());
+
+  logger->set_level(spdlog::level::debug);
+  store.SetFilter(nullptr);
+  store.Apply({.generation = 0});
+  EXPECT_THAT(
+      sink->last_formatted(),
+      ElementsAre(
+          "debug store.h store filter changed store=logged forgot=0 kept=0",
+          "debug store.h store update from an old filter dropped "
+          "store=logged generation=0 current=2"));
 }
 
 }  // namespace

@@ -4,15 +4,16 @@
 //   Store<std::string, Vm> vms;
 //   PollingSource<std::string, Vm> source(
 //       &runner, &vms,
-//       [&](const Context& ctx) ->
-//       absl::StatusOr<absl::flat_hash_map<std::string, Vm>> {
+//       [&](const Context& ctx)
+//           -> absl::StatusOr<absl::flat_hash_map<std::string, Vm>> {
 //         return cloud.ListVms(ctx);
 //       },
 //       {.interval = absl::Seconds(5)});
 //   source.Start();
 //   ...
-//   source.SetFilter([range](const std::string& k) { return
-//   range.Contains(ShardOf(k)); });
+//   source.SetFilter([range](const std::string& k) {
+//     return range.Contains(ShardOf(k));
+//   });
 //
 // PollingSource lists every `interval`, diffs against its previous list on
 // its own thread and posts only the changes. The store is in sync after the

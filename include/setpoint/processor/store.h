@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
+#include "setpoint/base/logging.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/synchronizable.h"
 #include "spdlog/logger.h"
@@ -252,10 +253,10 @@ void Store<K, V>::Apply(StoreUpdate<K, V> update) {
   CheckOnRunner();
   if (update.generation != generation_) {
     ++stats_.ignored;
-    SPDLOG_LOGGER_DEBUG(logger_,
-                        "store update from an old filter dropped store={} "
-                        "generation={} current={}",
-                        name(), update.generation, generation_);
+    SETPOINT_LOG_DEBUG(logger_,
+                       "store update from an old filter dropped store={} "
+                       "generation={} current={}",
+                       name(), update.generation, generation_);
     return;
   }
   if (update.replace) {
@@ -298,9 +299,8 @@ uint64_t Store<K, V>::SetFilter(KeyFilter<K> filter) {
     ++stats_.forgets;
     Notify(ChangeKind::kForget, node.key(), &node.mapped(), nullptr);
   }
-  SPDLOG_LOGGER_DEBUG(logger_,
-                      "store filter changed store={} forgot={} kept={}", name(),
-                      left.size(), items_.size());
+  SETPOINT_LOG_DEBUG(logger_, "store filter changed store={} forgot={} kept={}",
+                     name(), left.size(), items_.size());
   return generation_;
 }
 

@@ -7,8 +7,9 @@
 //   VmClient client;
 //   Syncer<std::string, Spec, Vm> syncer(&runner, &client, {
 //       .name = "vms",
-//       .needs_update = [](const Spec& d, const Vm& o) { return d.size !=
-//       o.size; },
+//       .needs_update = [](const Spec& d, const Vm& o) {
+//         return d.size != o.size;
+//       },
 //   });
 //   syncer.ObserveFrom(&vm_store);       // observed state, and its sync
 //   syncer.Start();                      // updater threads "sp-updater"
@@ -1844,8 +1845,8 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
     e.expect_op = r.op;
     e.expect_observed_seq = r.observed_seq;
     e.expect_until = now + options_.expectation_timeout;
-    SPDLOG_LOGGER_DEBUG(logger_, "syncer {} done syncer={} key={}",
-                        SyncOpName(r.op), name(), internal::KeyForLog(r.key));
+    SETPOINT_LOG_DEBUG(logger_, "syncer {} done syncer={} key={}",
+                       SyncOpName(r.op), name(), internal::KeyForLog(r.key));
   } else if (IsTerminal(r.status)) {
     counters_.terminal_failures.fetch_add(1, std::memory_order_relaxed);
     CountOp(r.op, kTerminal);

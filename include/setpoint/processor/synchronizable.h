@@ -1,8 +1,9 @@
 // Synchronizable: the in-sync / lost-sync state every processor module has
 // (source, store, transformer, syncer), and its propagation downstream.
 //
-//   Store<std::string, Vm> observed(&runner);    // a Synchronizable
-//   Syncer<std::string, Spec, Vm> syncer(...);   // depends on observed
+//   Store<std::string, Vm> observed({.name = "vms"});  // a Synchronizable
+//   Syncer<std::string, Spec, Vm> syncer(...);
+//   syncer.ObserveFrom(&observed);                     // depends on observed
 //   syncer.AddSyncObserver([](bool in_sync) { ... });
 //
 // A module is in sync when its own condition holds (a source listed once, a

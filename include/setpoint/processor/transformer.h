@@ -9,9 +9,11 @@
 //   t.Watch(&replica_sets);                    // snapshot style
 //   t.Watch(&dns_names, [](const Change<std::string, Name>& c) {
 //     DesiredDiff<std::string, Spec> diff;     // per-change style
-//     if (c.kind == ChangeKind::kSet) diff.set.emplace_back(c.key,
-//     ToSpec(*c.new_value)); if (c.kind == ChangeKind::kDelete)
-//     diff.remove.push_back(c.key); return diff;
+//     if (c.kind == ChangeKind::kSet) {
+//       diff.set.emplace_back(c.key, ToSpec(*c.new_value));
+//     }
+//     if (c.kind == ChangeKind::kDelete) diff.remove.push_back(c.key);
+//     return diff;
 //   });
 //
 // Snapshot style: once every watched store is in sync, Snapshot() runs and
@@ -49,6 +51,7 @@
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/logging.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/synchronizable.h"
@@ -280,8 +283,8 @@ void Transformer<K, D>::ScheduleSnapshot(absl::Duration delay) {
       },
       "transformer snapshot");
   if (!timer.ok()) {
-    SPDLOG_LOGGER_DEBUG(logger_, "transformer snapshot not scheduled {}: {}",
-                        name(), timer.status());
+    SETPOINT_LOG_DEBUG(logger_, "transformer snapshot not scheduled {}: {}",
+                       name(), timer.status());
     return;
   }
   timer_ = *timer;
