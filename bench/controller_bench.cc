@@ -18,8 +18,6 @@
 //
 // BM_IngestWhatIf* are hand-wired variants that show what a change in the
 // library would buy (bench/README.md); they are not what the library does.
-#include <dirent.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -40,6 +38,7 @@
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
 #include "ingest_batches.h"
+#include "process_threads.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/controller/controller.h"
@@ -731,17 +730,7 @@ void RegisterAll(bool quick) {
 
 namespace {
 
-// Threads of this process now (/proc/self/task).
-int64_t PodThreads() {
-  int64_t n = 0;
-  if (DIR* dir = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] != '.') ++n;
-    }
-    closedir(dir);
-  }
-  return n;
-}
+using ::setpoint::bench::ProcessThreads;
 
 class NoopRecordClient : public setpoint::SyncerClient<std::string, int, int> {
  public:
@@ -792,7 +781,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
               return absl::OkStatus();
             },
         .options = {.logger = setpoint::testing::NullLogger()}};
-    const int64_t before = PodThreads();
+    const int64_t before = ProcessThreads();
     setpoint::NodeManager pod({.pod_id = "pod",
                                .kinds = {kind.ToNodeKind()},
                                .registry = &registry,
@@ -815,7 +804,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
         },
         absl::Seconds(60));
     state.PauseTiming();
-    added = PodThreads() - before;
+    added = ProcessThreads() - before;
     pod.Stop();
     state.ResumeTiming();
     if (!owned) {

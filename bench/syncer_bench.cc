@@ -17,7 +17,6 @@
 // Values are ints: the figures are the Syncer's own cost, not the user's.
 // Loggers are testing::NullLogger() (level info, no sinks), so the info
 // lines are formatted but written nowhere.
-#include <dirent.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -40,6 +39,7 @@
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
 #include "ingest_batches.h"
+#include "process_threads.h"
 #include "setpoint/base/context.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/syncer.h"
@@ -507,17 +507,7 @@ BENCHMARK(BM_SyncerApply)
 // ---- Threads per pod
 // ----------------------------------------------------------
 
-// Threads of this process now (/proc/self/task).
-int64_t ProcessThreads() {
-  int64_t n = 0;
-  if (DIR* dir = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] != '.') ++n;
-    }
-    closedir(dir);
-  }
-  return n;
-}
+using ::setpoint::bench::ProcessThreads;
 
 // What a node of a pod holds that has threads, as far as the Syncer goes:
 // its Runner and one Syncer (default options: max_in_flight 64, a private
