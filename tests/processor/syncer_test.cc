@@ -323,8 +323,7 @@ TEST_F(SyncerTest, StopCancelsItsOwnWakeUpSoTheRunnerDropsNothing) {
   Start({});
   fake_->FailNext(1);  // A backoff: the syncer arms a wake-up timer.
   SetDesired("a", 1);
-  ASSERT_TRUE(
-      AwaitCondition([&] { return syncer_->stats().failures == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return syncer_->stats().failures == 1; }));
   ASSERT_TRUE(AwaitCondition([&] { return Status().failing == 1; }));
   syncer_->Stop();
   runner_->Stop();
@@ -366,8 +365,8 @@ TEST_F(SyncerTest, PerKeyBackoffConvergesManyKeysUnderRandomFailures) {
     for (int i = 0; i < kKeys; ++i)
       syncer_->SetDesired(absl::StrCat("k", i), i);
   });
-  ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->stats().creates == kKeys; }, absl::Seconds(60)));
+  ASSERT_TRUE(AwaitCondition([&] { return syncer_->stats().creates == kKeys; },
+                             absl::Seconds(60)));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(kKeys); }));
   absl::flat_hash_map<std::string, int> world = fake_->world();
   ASSERT_EQ(world.size(), static_cast<size_t>(kKeys));
@@ -461,8 +460,8 @@ TEST_F(SyncerTest, TerminalErrorsAreNotRetriedUntilTheDesiredValueChanges) {
     fake_->FailNextFor(key, 1, absl::Status(code, "fake client: rejected"));
     SetDesired(key, 1);
   }
-  ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->stats().terminal_failures == 3; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->stats().terminal_failures == 3; }));
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.terminal, 3);
   ASSERT_EQ(s.failures.size(), 3u);
@@ -668,8 +667,8 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   ASSERT_TRUE(AwaitCondition([&] { return Status().in_flight == 1; }));
   fake_->ReleaseCalls();
   ASSERT_TRUE(AwaitCondition([&] { return Converged(2); }));
-  ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->stats().results_discarded == 1; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->stats().results_discarded == 1; }));
   EXPECT_EQ(Status().in_flight, 0);
   EXPECT_EQ(fake_->stats().deletes, 0);
   EXPECT_EQ(fake_->world(),
@@ -802,8 +801,8 @@ TEST_F(SyncerTest, AwaitCallsWithinWaitsForACallThatIgnoresCancellation) {
   EXPECT_FALSE(in[0].cancelled_at_end);
   EXPECT_EQ(fake_->world(),
             (absl::flat_hash_map<std::string, int>{{"in/1", 2}, {"out/1", 1}}));
-  ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->stats().results_discarded == 1; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->stats().results_discarded == 1; }));
   EXPECT_EQ(syncer_->stats().updates, 1);
 }
 
@@ -831,8 +830,8 @@ TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
   EXPECT_EQ(fake_->held_calls(), 1);
 
   fake_->ReleaseCalls();
-  ASSERT_TRUE(AwaitCondition(
-      [&] { return syncer_->stats().results_discarded == 1; }));
+  ASSERT_TRUE(
+      AwaitCondition([&] { return syncer_->stats().results_discarded == 1; }));
   ASSERT_TRUE(AwaitCondition([&] { return Converged(1); }));
   EXPECT_EQ(fake_->CallsFor("out/1"), 0);
   EXPECT_EQ(fake_->stats().calls, 1);
