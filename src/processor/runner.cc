@@ -13,6 +13,7 @@
 
 #include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
+#include "processor/cpu_relax.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/spdlog.h"
@@ -228,13 +229,7 @@ int64_t CoarseNanos() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using internal::CpuRelax;
 
 // Waiting for a producer to publish a slot it claimed (manual-mode Stop):
 // spin briefly, then give the core away (it may have been preempted).

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "processor/cpu_relax.h"
 #include "spdlog/spdlog.h"
 
 // Design.
@@ -29,13 +30,7 @@
 namespace setpoint {
 namespace {
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
+using internal::CpuRelax;
 
 }  // namespace
 

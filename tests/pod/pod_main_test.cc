@@ -27,6 +27,7 @@
 #include "setpoint/base/context.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/child_process.h"
+#include "setpoint/testing/idle_node.h"
 #include "setpoint/testing/redis_server.h"
 #include "setpoint/testing/status_matchers.h"
 #include "spdlog/sinks/ostream_sink.h"
@@ -42,20 +43,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-class NoopNode : public Node {
- public:
-  absl::Status Run(const Context& ctx) override {
-    (void)ctx.Wait(absl::InfiniteDuration());
-    return absl::OkStatus();
-  }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment&) override {
-    return absl::OkStatus();
-  }
-};
-
 std::unique_ptr<Node> MakeNoop(const NodeInfo&) {
-  return std::make_unique<NoopNode>();
+  return std::make_unique<::setpoint::testing::IdleNode>();
 }
 
 // A program with kinds "work" (1 node, ring 128) and "idle" (2 nodes), and
