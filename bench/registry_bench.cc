@@ -3,6 +3,9 @@
 //
 //   build/release/bench/registry_bench            # full run, about a minute
 //   build/release/bench/registry_bench --quick    # a few seconds (CI smoke)
+//   build/release/bench/registry_bench --only=cold,fleet   # some parts:
+//       pair (join, leave, crash), cold (cold starts), fleet (steady cost,
+//       rolling restart, mass failure)
 //
 // It prints one line per measurement:
 //   graceful leave   time from Stop() of one pod until the other pod's nodes
@@ -285,7 +288,10 @@ bool ColdStart(const std::string& address, int pods, Coverage* coverage,
   return true;
 }
 
-int Main(bool quick) {
+int Main(bool quick, const std::string& only) {
+  auto want = [&](const char* part) {
+    return only.empty() || absl::StrContains(only, part);
+  };
   testing::RedisServer server;
   if (absl::Status s = server.Start(); !s.ok()) {
     std::fprintf(stderr, "registry_bench: %s\n", s.ToString().c_str());
@@ -298,58 +304,64 @@ int Main(bool quick) {
   Coverage coverage;
 
   // A warm namespace: the first pod waits out the new epoch once.
-  auto a = MakePod(address, "a", 2, &coverage, lease, poll);
-  if (a == nullptr || !coverage.AwaitCovered({"a/"}, 2, timeout)) {
-    std::fprintf(stderr, "first pod did not converge\n");
-    return 1;
-  }
+  if (want("pair")) {
+    auto a = MakePod(address, "a", 2, &coverage, lease, poll);
+    if (a == nullptr || !coverage.AwaitCovered({"a/"}, 2, timeout)) {
+      std::fprintf(stderr, "first pod did not converge\n");
+      return 1;
+    }
 
-  const int runs = quick ? 5 : 100;
-  std::vector<double> join, leave;
-  for (int i = 0; i < runs; ++i) {
-    std::string id = absl::StrCat("b", i);
-    auto start = Clock::now();
-    auto b = MakePod(address, id, 2, &coverage, lease, poll);
-    if (b == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
-      std::fprintf(stderr, "join %d did not converge\n", i);
-      return 1;
+    const int runs = quick ? 5 : 100;
+    std::vector<double> join, leave;
+    for (int i = 0; i < runs; ++i) {
+      std::string id = absl::StrCat("b", i);
+      auto start = Clock::now();
+      auto b = MakePod(address, id, 2, &coverage, lease, poll);
+      if (b == nullptr ||
+          !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
+        std::fprintf(stderr, "join %d did not converge\n", i);
+        return 1;
+      }
+      join.push_back(Ms(Clock::now() - start));
+      start = Clock::now();
+      b->manager->Stop();
+      if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
+        std::fprintf(stderr, "leave %d did not converge\n", i);
+        return 1;
+      }
+      leave.push_back(Ms(Clock::now() - start));
     }
-    join.push_back(Ms(Clock::now() - start));
-    start = Clock::now();
-    b->manager->Stop();
-    if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
-      std::fprintf(stderr, "leave %d did not converge\n", i);
-      return 1;
-    }
-    leave.push_back(Ms(Clock::now() - start));
-  }
-  Report("graceful join", join);
-  Report("graceful leave", leave);
+    Report("graceful join", join);
+    Report("graceful leave", leave);
 
-  std::vector<double> crash;
-  for (int i = 0; i < (quick ? 1 : 5); ++i) {
-    std::string id = absl::StrCat("c", i);
-    auto c = MakePod(address, id, 2, &coverage, lease, poll);
-    if (c == nullptr || !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
-      std::fprintf(stderr, "crash setup %d did not converge\n", i);
-      return 1;
+    std::vector<double> crash;
+    for (int i = 0; i < (quick ? 1 : 5); ++i) {
+      std::string id = absl::StrCat("c", i);
+      auto c = MakePod(address, id, 2, &coverage, lease, poll);
+      if (c == nullptr ||
+          !coverage.AwaitCovered({"a/", id + "/"}, 4, timeout)) {
+        std::fprintf(stderr, "crash setup %d did not converge\n", i);
+        return 1;
+      }
+      auto start = Clock::now();
+      c->faulty->SetDown(true);  // From now on it is dead to the registry.
+      if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
+        std::fprintf(stderr, "crash %d did not converge\n", i);
+        return 1;
+      }
+      crash.push_back(Ms(Clock::now() - start));
     }
-    auto start = Clock::now();
-    c->faulty->SetDown(true);  // From now on it is dead to the registry.
-    if (!coverage.AwaitCovered({"a/"}, 2, timeout)) {
-      std::fprintf(stderr, "crash %d did not converge\n", i);
-      return 1;
-    }
-    crash.push_back(Ms(Clock::now() - start));
+    Report("crash failover", crash);
+    a->manager->Stop();
   }
-  Report("crash failover", crash);
-  a->manager->Stop();
 
   for (int pods :
        quick ? std::vector<int>{10} : std::vector<int>{10, 50, 100}) {
+    if (!want("cold")) break;
     if (!ColdStart(address, pods, &coverage, lease, poll)) return 1;
   }
   coverage.Reset();
+  if (!want("fleet")) return 0;
 
   // Steady state: 100 pods x 10 nodes on one redis-server.
   const int pods = quick ? 10 : 100, per_pod = 10;
@@ -439,6 +451,18 @@ int Main(bool quick) {
 }  // namespace setpoint
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  return setpoint::Main(quick);
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strncmp(argv[i], "--only=", 7) == 0) {
+      only = argv[i] + 7;
+    } else {
+      std::fprintf(
+          stderr, "usage: registry_bench [--quick] [--only=pair,cold,fleet]\n");
+      return 2;
+    }
+  }
+  return setpoint::Main(quick, only);
 }

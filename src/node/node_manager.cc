@@ -450,6 +450,7 @@ void NodeManager::Tick() {
     }
   }
   if (!poll) {
+    std::vector<Move> moves;
     for (auto& [kind, view] : last_view_->kinds) {
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
@@ -457,9 +458,12 @@ void NodeManager::Tick() {
           MutexLock l(&mu_);
           if (!slot->registered) continue;
         }
-        Step(*slot, view, last_targets_[kind][slot->info.id]);
+        if (auto m = Step(*slot, view, last_targets_[kind][slot->info.id])) {
+          moves.push_back(*m);
+        }
       }
     }
+    Apply(moves);
     SelfFence();
     return;
   }
@@ -560,6 +564,7 @@ void NodeManager::Tick() {
   if (result.ok()) {
     last_view_ = std::move(*result);
     last_targets_.clear();
+    std::vector<Move> moves;
     for (auto& [kind, view] : last_view_->kinds) {
       uint32_t ring = kDefaultRingSize;
       for (const auto& k : options_.kinds) {
@@ -576,9 +581,10 @@ void NodeManager::Tick() {
         auto it = targets.find(slot->info.id);
         ShardRange target = it == targets.end() ? ShardRange{} : it->second;
         last_targets_[kind][slot->info.id] = target;
-        Step(*slot, view, target);
+        if (auto m = Step(*slot, view, target)) moves.push_back(*m);
       }
     }
+    Apply(moves);
   } else {
     last_view_.reset();  // Act only on a fresh view once polls work again.
   }
@@ -614,9 +620,9 @@ void NodeManager::Fence(Slot& slot, const char* why) {
   cv_.SignalAll();
 }
 
-void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
+std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
+                                                   ShardRange target) {
   const std::string& id = slot.info.id;
-  const std::string& kind = slot.info.kind;
   auto held_it = view.held.find(id);
   std::optional<ShardAssignment> held;
   if (held_it != view.held.end()) held = held_it->second;
@@ -625,8 +631,9 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
   bool failed;
   {
     MutexLock l(&mu_);
-    if (!slot.queue.empty() || stopping_) return;  // Wait for the relay.
-    if (slot.lease_fenced) return;                 // Until a renewal in time.
+    if (!slot.queue.empty() || stopping_)
+      return std::nullopt;                       // Wait for the relay.
+    if (slot.lease_fenced) return std::nullopt;  // Until a renewal in time.
     active = slot.active;
     failed = slot.failed;
     if (failed) target = ShardRange{};
@@ -646,14 +653,14 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
                          held ? held->range.ToString() : "nothing",
                          held ? held->token : 0);
       Fence(slot, "the registry's record differs from what the node holds");
-      return;
+      return std::nullopt;
     }
     // 0. A refused change is asked for again, towards the target, until
     //    the node confirms one (even if the target moved back meanwhile).
     if (slot.unconfirmed) {
       Deliver(slot,
               ShardAssignment{active.range.Intersect(target), active.token});
-      return;
+      return std::nullopt;
     }
     // 1. Shrink first: the node stops outside the target before anything
     //    is published.
@@ -662,80 +669,131 @@ void NodeManager::Step(Slot& slot, KindView& view, ShardRange target) {
       SPDLOG_LOGGER_INFO(logger_, "shard range shrinking node={} from={} to={}",
                          id, active.range, smaller.range);
       Deliver(slot, smaller);
-      return;
+      return std::nullopt;
     }
   }
-  // 2. Publish the release once the node works on less than it holds.
+  Move move;
+  move.slot = &slot;
+  move.view = &view;
+  // 2. Publish the release once the node works on less than it holds, and
+  //    grow in the same round trip if it now works inside its target.
   if (held.has_value() && held->range != active.range) {
-    absl::Status s =
-        options_.registry->Release(CallContext(), kind, id, active);
-    CountError("release", s);
-    MutexLock l(&mu_);
-    if (s.ok()) {
-      // Keep the cached view true to what we just wrote.
-      if (active.range.Empty()) {
-        view.held.erase(id);
-      } else {
-        view.held[id] = active;
-      }
-      ++stats_.releases;
-      // Our other nodes may now grow into what this one gave up: look
-      // again at once (our own writes do not come back as nudges).
-      wake_ = true;
-      SPDLOG_LOGGER_INFO(logger_, "shard range released node={} kept={}", id,
-                         active.range);
-    } else if (absl::IsFailedPrecondition(s)) {
-      // The record is not what the node holds: stop now, release it all
-      // at the next step.
-      Fence(slot, "release refused: the record differs");
-      view.held.erase(id);
-      SPDLOG_LOGGER_WARN(logger_, "release refused node={} range={}: {}", id,
-                         active.range, s);
-    } else {
-      SPDLOG_LOGGER_WARN(logger_, "release failed node={} range={}: {}", id,
-                         active.range, s);
+    move.release = active;
+    if (!failed && !target.Empty() && active.range != target) {
+      move.grant = target;
     }
-    return;
+    return move;
   }
   // A failed node leaves the ring so the others take its shards.
   if (failed) {
-    absl::Status s = options_.registry->Deregister(CallContext(), kind, {id});
-    CountError("deregister", s);
-    MutexLock l(&mu_);
-    if (s.ok()) {
-      view.held.erase(id);
-      poll_needed_ = true;
-      slot.registered = false;
-      slot.restart_ok = true;
-      cv_.SignalAll();
-    } else {
-      SPDLOG_LOGGER_WARN(logger_, "deregister failed node={}: {}", id, s);
-    }
-    return;
+    move.deregister = true;
+    return move;
   }
   // 3. Grow only into shards nobody else holds.
   if (!target.Empty() && active.range != target) {
-    absl::StatusOr<uint64_t> token = options_.registry->Grant(
-        CallContext(), kind, id, target, last_view_->epoch);
-    if (!absl::IsAborted(token.status())) CountError("grant", token.status());
+    move.grant = target;
+    return move;
+  }
+  return std::nullopt;
+}
+
+void NodeManager::Apply(std::vector<Move>& moves) {
+  HandoffRequest request;
+  std::vector<Move*> batched;
+  for (Move& m : moves) {
+    const std::string& id = m.slot->info.id;
+    const std::string& kind = m.slot->info.kind;
+    if (m.deregister) {
+      absl::Status s = options_.registry->Deregister(CallContext(), kind, {id});
+      CountError("deregister", s);
+      MutexLock l(&mu_);
+      if (s.ok()) {
+        m.view->held.erase(id);
+        poll_needed_ = true;
+        m.slot->registered = false;
+        m.slot->restart_ok = true;
+        cv_.SignalAll();
+      } else {
+        SPDLOG_LOGGER_WARN(logger_, "deregister failed node={}: {}", id, s);
+      }
+      continue;
+    }
+    if (m.release.has_value()) {
+      request.releases.push_back({kind, id, *m.release});
+    }
+    if (m.grant.has_value()) request.grants.push_back({kind, id, *m.grant});
+    batched.push_back(&m);
+  }
+  if (batched.empty()) return;
+  request.epoch = last_view_->epoch;
+  absl::StatusOr<HandoffResult> result =
+      options_.registry->Handoff(CallContext(), request);
+  CountError("handoff", result.status());
+  if (!result.ok()) {
+    // Some of it may have happened (a lost reply): the next poll shows
+    // what the registry records, and a node whose record differs stops.
     MutexLock l(&mu_);
-    if (token.ok()) {
-      view.held[id] = ShardAssignment{target, *token};
-      ++stats_.grants;
-      SPDLOG_LOGGER_INFO(logger_,
-                         "shard range granted node={} range={} token={}", id,
-                         target, *token);
-      Deliver(slot, ShardAssignment{target, *token});
-    } else if (absl::IsAborted(token.status())) {
-      ++stats_.grant_conflicts;
-      SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
-                          token.status());
-    } else {
-      // The grant may have happened all the same (a lost reply): the next
-      // poll shows a record that differs, and the node stops.
-      poll_needed_ = true;
-      SPDLOG_LOGGER_WARN(logger_, "grant failed node={} range={}: {}", id,
-                         target, token.status());
+    poll_needed_ = true;
+    SPDLOG_LOGGER_WARN(
+        logger_, "handoff failed pod={} releases={} grants={}: {}", pod_id_,
+        request.releases.size(), request.grants.size(), result.status());
+    return;
+  }
+  size_t next_release = 0, next_grant = 0;
+  for (Move* m : batched) {
+    Slot& slot = *m->slot;
+    KindView& view = *m->view;
+    const std::string& id = slot.info.id;
+    if (m->release.has_value()) {
+      const ShardAssignment& active = *m->release;
+      const absl::Status& s = result->releases[next_release++];
+      CountError("release", s);
+      MutexLock l(&mu_);
+      if (s.ok()) {
+        // Keep the cached view true to what we just wrote.
+        if (active.range.Empty()) {
+          view.held.erase(id);
+        } else {
+          view.held[id] = active;
+        }
+        ++stats_.releases;
+        SPDLOG_LOGGER_INFO(logger_, "shard range released node={} kept={}", id,
+                           active.range);
+      } else if (absl::IsFailedPrecondition(s)) {
+        // The record is not what the node holds: stop now, release it all
+        // at the next step.
+        Fence(slot, "release refused: the record differs");
+        view.held.erase(id);
+        SPDLOG_LOGGER_WARN(logger_, "release refused node={} range={}: {}", id,
+                           active.range, s);
+      } else {
+        SPDLOG_LOGGER_WARN(logger_, "release failed node={} range={}: {}", id,
+                           active.range, s);
+      }
+    }
+    if (m->grant.has_value()) {
+      const ShardRange target = *m->grant;
+      const absl::StatusOr<uint64_t>& token = result->grants[next_grant++];
+      if (!absl::IsAborted(token.status())) CountError("grant", token.status());
+      MutexLock l(&mu_);
+      if (token.ok()) {
+        view.held[id] = ShardAssignment{target, *token};
+        ++stats_.grants;
+        SPDLOG_LOGGER_INFO(logger_,
+                           "shard range granted node={} range={} token={}", id,
+                           target, *token);
+        Deliver(slot, ShardAssignment{target, *token});
+      } else if (absl::IsAborted(token.status())) {
+        ++stats_.grant_conflicts;
+        SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
+                            token.status());
+      } else {
+        // The grant may have happened all the same (a lost reply): the
+        // next poll shows a record that differs, and the node stops.
+        poll_needed_ = true;
+        SPDLOG_LOGGER_WARN(logger_, "grant failed node={} range={}: {}", id,
+                           target, token.status());
+      }
     }
   }
 }

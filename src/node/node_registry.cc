@@ -35,4 +35,25 @@ absl::Status ValidatePodId(std::string_view pod_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<HandoffResult> NodeRegistry::Handoff(
+    const Context& ctx, const HandoffRequest& request) {
+  HandoffResult out;
+  std::set<std::string> failed;
+  for (const HandoffRequest::ReleaseOp& r : request.releases) {
+    out.releases.push_back(Release(ctx, r.kind, r.node_id, r.keep));
+    if (!out.releases.back().ok()) failed.insert(r.node_id);
+  }
+  for (const HandoffRequest::GrantOp& g : request.grants) {
+    if (failed.contains(g.node_id)) {
+      out.grants.push_back(absl::AbortedError(
+          absl::StrCat("grant node=", g.node_id,
+                       ": its release in the same handoff failed")));
+      continue;
+    }
+    out.grants.push_back(
+        Grant(ctx, g.kind, g.node_id, g.target, request.epoch));
+  }
+  return out;
+}
+
 }  // namespace setpoint

@@ -241,8 +241,22 @@ class NodeManager {
   static bool NeedsFence(const Slot& slot);
   // Replaces what the relay has not started with the empty range (once).
   void Fence(Slot& slot, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One node's next move; `view` is updated with our own writes.
-  void Step(Slot& slot, KindView& view, ShardRange target);
+  // What one node needs from the registry next (Step), sent for all the
+  // pod's nodes in one Handoff (Apply).
+  struct Move {
+    Slot* slot = nullptr;
+    KindView* view = nullptr;
+    std::optional<ShardAssignment> release;  // What the node keeps.
+    std::optional<ShardRange> grant;         // After the release, if any.
+    bool deregister = false;                 // A failed node leaves.
+  };
+  // One node's next move: queues its shrinks itself, returns what needs
+  // the registry.
+  std::optional<Move> Step(Slot& slot, KindView& view, ShardRange target);
+  // Sends the moves' releases and grants in one Handoff (deregistrations
+  // one by one) and acts on the results; `view`s are updated with our own
+  // writes.
+  void Apply(std::vector<Move>& moves);
   void Deliver(Slot& slot, ShardAssignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

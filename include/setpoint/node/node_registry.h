@@ -91,6 +91,35 @@ struct PollResult {
   std::set<std::string> drained;
 };
 
+// Several releases and grants of one pod's nodes, sent together (Handoff):
+// one round trip instead of one per node.
+struct HandoffRequest {
+  struct ReleaseOp {
+    std::string kind;
+    std::string node_id;
+    ShardAssignment keep;
+  };
+  struct GrantOp {
+    std::string kind;
+    std::string node_id;
+    ShardRange target;
+  };
+  // Applied first, in order, each exactly as Release would.
+  std::vector<ReleaseOp> releases;
+  // Then, in order, each exactly as Grant would, seeing the releases above
+  // and the grants before it. A grant to a node whose release in this
+  // request failed is refused (kAborted).
+  std::vector<GrantOp> grants;
+  // The PollResult::epoch the grants were decided on.
+  std::string epoch;
+};
+
+// One status per operation of a HandoffRequest, in its order.
+struct HandoffResult {
+  std::vector<absl::Status> releases;
+  std::vector<absl::StatusOr<uint64_t>> grants;
+};
+
 // One node as the registry records it (Describe).
 struct MemberDescription {
   std::string id;
@@ -191,6 +220,15 @@ class NodeRegistry {
                                          const std::string& node_id,
                                          ShardRange target,
                                          const std::string& epoch) = 0;
+
+  // Runs the request's releases, then its grants, each with the result
+  // Release or Grant would give, and announces once. The default calls
+  // Release and Grant one at a time; RedisNodeRegistry does them all in one
+  // round trip and one script. An error for the whole call (unreachable,
+  // kDataLoss) means some of the operations may have happened: poll before
+  // trusting what the registry records.
+  virtual absl::StatusOr<HandoffResult> Handoff(const Context& ctx,
+                                                const HandoffRequest& request);
 
   // Removes the nodes and what they hold (graceful leave).
   virtual absl::Status Deregister(const Context& ctx, const std::string& kind,

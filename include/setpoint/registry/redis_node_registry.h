@@ -87,6 +87,9 @@ class RedisNodeRegistry : public NodeRegistry {
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
                                  const std::string& node_id, ShardRange target,
                                  const std::string& epoch) override;
+  // One round trip and one script for all of them.
+  absl::StatusOr<HandoffResult> Handoff(const Context& ctx,
+                                        const HandoffRequest& request) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
   absl::Status SetDrained(const Context& ctx, const std::string& pod_id,

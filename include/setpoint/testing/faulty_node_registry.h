@@ -88,6 +88,20 @@ class FaultyNodeRegistry : public NodeRegistry {
     }
     return token;
   }
+  // One fault check for the whole handoff, as for one round trip; a lost
+  // grant reply (LoseNextGrantReplies) loses the whole reply.
+  absl::StatusOr<HandoffResult> Handoff(
+      const Context& ctx, const HandoffRequest& request) override {
+    if (absl::Status s = Fault("handoff"); !s.ok()) return s;
+    absl::StatusOr<HandoffResult> result = base_->Handoff(ctx, request);
+    if (!result.ok()) return result;
+    for (const auto& g : result->grants) {
+      if (g.ok() && ExecuteButFail()) {
+        return absl::DeadlineExceededError("handoff: injected lost reply");
+      }
+    }
+    return result;
+  }
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override {
     if (absl::Status s = Fault("deregister"); !s.ok()) return s;

@@ -361,6 +361,173 @@ bump_version(KEYS[4])
 return token
 )lua";
 
+// KEYS: epoch, grants_from, run, version, then members, held, token per
+// kind. ARGV: channel, message, epoch, kinds, then per kind: releases n,
+// n x (node, begin, end, token), grants m, m x (node, begin, end).
+// Runs every release as kReleaseScript does, then every grant as
+// kGrantScript does (each seeing the ones before it), and announces once
+// if a release changed anything. Returns one array per kind: a result per
+// release, then per grant: 'OK', 'T <token>' or 'E <error>'.
+constexpr char kHandoffScript[] = R"lua(
+for i = 1, 4 do
+  local e = wrong_type(KEYS[i], 'string')
+  if e then return redis.error_reply(e) end
+end
+local nkinds = tonumber(ARGV[4])
+for k = 1, nkinds do
+  local b = 4 + 3 * (k - 1)
+  local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
+            wrong_type(KEYS[b + 3], 'string')
+  if e then return redis.error_reply(e) end
+end
+local now, t = now_ms()
+local released, granted = false, false
+local common = nil  -- Refuses every grant: the state changed, or grace.
+local checked = false
+local out = {}
+local ai = 5
+for k = 1, nkinds do
+  local b = 4 + 3 * (k - 1)
+  local members, held, tokkey = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  local res = {}
+  local refused = {}
+  local nrel = tonumber(ARGV[ai])
+  ai = ai + 1
+  for r = 1, nrel do
+    local node, rb, re, rt = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3]
+    ai = ai + 4
+    local cur = redis.call('HGET', KEYS[b + 2], node)
+    local err = nil
+    if tonumber(rb) >= tonumber(re) then
+      if cur then
+        redis.call('HDEL', held, node)
+        released = true
+      end
+    elseif not cur then
+      err = 'SETPOINT_PRECONDITION the registry records nothing for the node'
+    else
+      local cb, ce, ct = string.match(cur, '^(%d+) (%d+) (%d+)$')
+      if not cb then
+        err = 'SETPOINT_PRECONDITION held value ' .. quote(cur) ..
+              ' does not parse'
+      elseif strip(ct) ~= strip(rt) then
+        err = 'SETPOINT_PRECONDITION the record has token ' .. ct ..
+              ', not ' .. rt
+      elseif tonumber(rb) < tonumber(cb) or tonumber(re) > tonumber(ce) then
+        err = 'SETPOINT_PRECONDITION not within the recorded range [' ..
+              cb .. ',' .. ce .. ')'
+      else
+        local v = rb .. ' ' .. re .. ' ' .. ct
+        if v ~= cur then
+          redis.call('HSET', held, node, v)
+          released = true
+        end
+      end
+    end
+    if err then
+      refused[node] = true
+      table.insert(res, 'E ' .. err)
+    else
+      table.insert(res, 'OK')
+    end
+  end
+  local ngr = tonumber(ARGV[ai])
+  ai = ai + 1
+  if ngr > 0 then
+    if not checked then
+      checked = true
+      local epoch = redis.call('GET', KEYS[1])
+      local gf = parse_gf(redis.call('GET', KEYS[2]))
+      if epoch ~= ARGV[3] or redis.call('GET', KEYS[3]) ~= run_id() then
+        common = 'SETPOINT_ABORTED the registry state changed since the ' ..
+          'poll (epoch ' .. quote(epoch or '(none)') .. ', the pod saw ' ..
+          quote(ARGV[3]) .. ', or redis restarted); poll again'
+      elseif not gf then
+        common = 'SETPOINT_ABORTED key ' .. KEYS[2] .. ' does not hold a ' ..
+          'time; the next poll repairs it'
+      elseif now < gf then
+        common = 'SETPOINT_ABORTED grants refused for ' .. num(gf - now) ..
+          ' ms more, until the registry state is one lease old'
+      end
+    end
+    -- Live members and what they hold, read once for all the grants.
+    local live = {}
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', members, '(' .. num(now),
+                                   '+inf')) do
+      live[id] = true
+    end
+    local ranges = {}
+    local h = redis.call('HGETALL', held)
+    for i = 1, #h, 2 do
+      if live[h[i]] then
+        local ob, oe = string.match(h[i + 1], '^(%d+) (%d+) %d+$')
+        if ob then
+          ranges[h[i]] = {tonumber(ob), tonumber(oe)}
+        else
+          ranges[h[i]] = quote(h[i + 1])
+        end
+      end
+    end
+    local last = redis.call('GET', tokkey) or '0'
+    for g = 1, ngr do
+      local node = ARGV[ai]
+      local gb, ge = tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+      ai = ai + 3
+      local err = common
+      if not err and refused[node] then
+        err = 'SETPOINT_ABORTED its release in the same handoff failed'
+      end
+      if not err and not live[node] then
+        err = 'SETPOINT_NOT_MEMBER not a live member (lease expired)'
+      end
+      if not err then
+        for id, r in pairs(ranges) do
+          if id ~= node then
+            if type(r) == 'string' then
+              err = 'SETPOINT_ABORTED held value of ' .. quote(id) .. ' is ' ..
+                r .. ' and does not parse (expected "<begin> <end> ' ..
+                '<token>"); treated as holding everything'
+            elseif r[1] < ge and gb < r[2] then
+              err = 'SETPOINT_ABORTED shards still held by ' .. id .. ' [' ..
+                num(r[1]) .. ',' .. num(r[2]) .. ')'
+            end
+            if err then break end
+          end
+        end
+      end
+      if not err and not dec_ok(last) then
+        err = 'SETPOINT_GARBAGE key ' .. tokkey .. ' holds ' .. quote(last) ..
+              ', not a token (a decimal integer below 2^64)'
+      end
+      local token = nil
+      if not err then
+        local floor = num(tonumber(t[1]) * 1000000 + tonumber(t[2]))
+        token = dec_incr(last)
+        if dec_lt(token, floor) then token = floor end
+        if not dec_ok(token) then
+          err = 'SETPOINT_GARBAGE key ' .. tokkey ..
+                ' is at the largest token; no further grant is possible'
+        end
+      end
+      if err then
+        table.insert(res, 'E ' .. err)
+      else
+        last = token
+        redis.call('SET', tokkey, token)
+        redis.call('HSET', held, node, num(gb) .. ' ' .. num(ge) .. ' ' .. token)
+        ranges[node] = {gb, ge}
+        granted = true
+        table.insert(res, 'T ' .. token)
+      end
+    end
+  end
+  table.insert(out, res)
+end
+if released or granted then bump_version(KEYS[4]) end
+if released then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return out
+)lua";
+
 // KEYS: members, held, version. ARGV: channel, message, ids...
 constexpr char kDeregisterScript[] = R"lua(
 local e = wrong_type(KEYS[1], 'zset') or wrong_type(KEYS[2], 'hash') or
@@ -634,6 +801,7 @@ struct RedisNodeRegistry::Impl {
   RedisScript release{std::string(kPrelude) + kReleaseScript};
   RedisScript grant{std::string(kPrelude) + kGrantScript};
   RedisScript deregister{std::string(kPrelude) + kDeregisterScript};
+  RedisScript handoff{std::string(kPrelude) + kHandoffScript};
   RedisScript drain{std::string(kPrelude) + kDrainScript};
   RedisScript kinds{std::string(kPrelude) + kKindsScript};
   RedisScript describe{std::string(kPrelude) + kDescribeScript};
@@ -770,6 +938,117 @@ absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
         absl::StrCat(what, ": the script returned ", token.status().message()));
   }
   return *token;
+}
+
+absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
+    const Context& ctx, const HandoffRequest& request) {
+  Impl& d = *impl_;
+  HandoffResult out;
+  out.releases.resize(request.releases.size());
+  out.grants.resize(request.grants.size());
+  // Per kind, the indices of its operations (the script groups by kind).
+  struct Ops {
+    std::vector<size_t> releases, grants;
+  };
+  std::map<std::string, Ops> by_kind;
+  for (size_t i = 0; i < request.releases.size(); ++i) {
+    by_kind[request.releases[i].kind].releases.push_back(i);
+  }
+  for (size_t i = 0; i < request.grants.size(); ++i) {
+    const HandoffRequest::GrantOp& g = request.grants[i];
+    if (g.target.Empty()) {
+      out.grants[i] = absl::InvalidArgumentError(
+          absl::StrCat("grant node=", g.node_id, " range=", g.target.ToString(),
+                       ": empty range"));
+      continue;
+    }
+    by_kind[g.kind].grants.push_back(i);
+  }
+  if (by_kind.empty()) return out;
+  std::vector<std::string> keys = {d.Key("epoch"), d.Key("grants_from"),
+                                   d.Key("run"), d.Key("version")};
+  std::vector<std::string> args = {d.channel, d.instance, request.epoch,
+                                   absl::StrCat(by_kind.size())};
+  for (const auto& [kind, ops] : by_kind) {
+    keys.push_back(d.KindKey(kind, "members"));
+    keys.push_back(d.KindKey(kind, "held"));
+    keys.push_back(d.KindKey(kind, "token"));
+    args.push_back(absl::StrCat(ops.releases.size()));
+    for (size_t i : ops.releases) {
+      ShardAssignment keep = request.releases[i].keep;
+      if (keep.range.Empty()) keep = ShardAssignment{};
+      args.push_back(request.releases[i].node_id);
+      args.push_back(absl::StrCat(keep.range.begin));
+      args.push_back(absl::StrCat(keep.range.end));
+      args.push_back(absl::StrCat(keep.token));
+    }
+    args.push_back(absl::StrCat(ops.grants.size()));
+    for (size_t i : ops.grants) {
+      args.push_back(request.grants[i].node_id);
+      args.push_back(absl::StrCat(request.grants[i].target.begin));
+      args.push_back(absl::StrCat(request.grants[i].target.end));
+    }
+  }
+  absl::StatusOr<RedisReply> reply =
+      d.Eval(ctx, d.handoff, keys, args,
+             absl::StrCat("handoff releases=", request.releases.size(),
+                          " grants=", request.grants.size()));
+  if (!reply.ok()) return reply.status();
+  auto malformed = [](const std::string& why) {
+    return absl::InternalError(
+        absl::StrCat("handoff: the script returned ", why));
+  };
+  if (reply->type != RedisReply::Type::kArray ||
+      reply->elements.size() != by_kind.size()) {
+    return malformed("a reply of another shape");
+  }
+  size_t k = 0;
+  for (const auto& [kind, ops] : by_kind) {
+    const RedisReply& per = reply->elements[k++];
+    if (per.type != RedisReply::Type::kArray ||
+        per.elements.size() != ops.releases.size() + ops.grants.size()) {
+      return malformed(
+          absl::StrCat("a reply of another shape for kind ", kind));
+    }
+    for (size_t j = 0; j < per.elements.size(); ++j) {
+      const std::string& r = per.elements[j].str;
+      const bool is_release = j < ops.releases.size();
+      std::string what;
+      if (is_release) {
+        const HandoffRequest::ReleaseOp& op = request.releases[ops.releases[j]];
+        what = absl::StrCat("release node=", op.node_id,
+                            " range=", op.keep.range.ToString(),
+                            " token=", op.keep.token);
+      } else {
+        const HandoffRequest::GrantOp& op =
+            request.grants[ops.grants[j - ops.releases.size()]];
+        what = absl::StrCat("grant node=", op.node_id,
+                            " range=", op.target.ToString());
+      }
+      absl::StatusOr<uint64_t> result = uint64_t{0};
+      if (absl::StartsWith(r, "E ")) {
+        result = ScriptError(what, r.substr(2));
+      } else if (is_release && r != "OK") {
+        return malformed(absl::StrCat("\"", r.substr(0, 64), "\" for ", what));
+      } else if (!is_release) {
+        if (!absl::StartsWith(r, "T ")) {
+          return malformed(
+              absl::StrCat("\"", r.substr(0, 64), "\" for ", what));
+        }
+        result = redis::ParseToken(r.substr(2));
+        if (!result.ok()) {
+          return malformed(
+              absl::StrCat(result.status().message(), " for ", what));
+        }
+      }
+      if (is_release) {
+        out.releases[ops.releases[j]] = result.status();
+      } else {
+        out.grants[ops.grants[j - ops.releases.size()]] = std::move(result);
+      }
+    }
+  }
+  return out;
 }
 
 absl::Status RedisNodeRegistry::Deregister(
