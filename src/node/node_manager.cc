@@ -223,7 +223,8 @@ absl::Status NodeManager::Start() {
     slots_ = std::move(slots);
   }
   InitMetrics();
-  listener_ = options_.registry->AddChangeListener([this] { Wake(); });
+  listener_ = options_.registry->AddNoticeListener(
+      [this](const ChangeNotice& notice) { Wake(notice); });
   for (auto& slot : slots_) {
     Slot* s = slot.get();
     s->relay = std::jthread([this, s](std::stop_token stop) {
@@ -276,7 +277,7 @@ void NodeManager::Stop() {
   SPDLOG_LOGGER_INFO(logger_, "node manager stopped pod={}", pod_id_);
 }
 
-void NodeManager::Wake() {
+void NodeManager::Wake(const ChangeNotice& notice) {
   // A change announcement: poll soon, within the nudge rate limit. One
   // that arrives on the protocol thread itself comes from our own write
   // (a registry that notifies synchronously): we know about it already.
@@ -285,6 +286,26 @@ void NodeManager::Wake() {
   // While the registry refuses grants (a new epoch), no change can be acted
   // on: the poll at grants_at_ sees them all.
   if (clock_->Now() < grants_at_) return;
+  if (!notice.membership) {
+    // Only releases: the targets stand, so no poll is needed. A node that
+    // waits to grow into freed shards asks again at once (one handoff, on
+    // the view of the last poll); everyone else ignores it.
+    for (const auto& [kind, freed] : notice.freed) {
+      auto it = wants_.find(kind);
+      if (it == wants_.end()) continue;
+      for (const ShardRange& want : it->second) {
+        for (const ShardRange& f : freed) {
+          if (!want.Intersect(f).Empty()) {
+            ++stats_.grant_retries;
+            wake_ = true;
+            cv_.SignalAll();
+            return;
+          }
+        }
+      }
+    }
+    return;
+  }
   ++stats_.nudges;
   nudged_ = true;
   nudge_arrived_ = true;
@@ -724,6 +745,13 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     if (m.grant.has_value()) request.grants.push_back({kind, id, *m.grant});
     batched.push_back(&m);
   }
+  {
+    // From now on a release that frees any of these shards makes us ask
+    // again, even one announced before our reply comes back.
+    MutexLock l(&mu_);
+    wants_.clear();
+    for (const auto& g : request.grants) wants_[g.kind].push_back(g.target);
+  }
   if (batched.empty()) return;
   request.epoch = last_view_->epoch;
   absl::StatusOr<HandoffResult> result =
@@ -777,6 +805,9 @@ void NodeManager::Apply(std::vector<Move>& moves) {
       if (!absl::IsAborted(token.status())) CountError("grant", token.status());
       MutexLock l(&mu_);
       if (token.ok()) {
+        auto& wants = wants_[slot.info.kind];
+        wants.erase(std::remove(wants.begin(), wants.end(), target),
+                    wants.end());
         view.held[id] = ShardAssignment{target, *token};
         ++stats_.grants;
         SPDLOG_LOGGER_INFO(logger_,

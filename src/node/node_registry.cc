@@ -35,6 +35,12 @@ absl::Status ValidatePodId(std::string_view pod_id) {
   return absl::OkStatus();
 }
 
+int64_t NodeRegistry::AddNoticeListener(
+    std::function<void(const ChangeNotice&)> listener) {
+  return AddChangeListener(
+      [listener = std::move(listener)] { listener(ChangeNotice{}); });
+}
+
 absl::StatusOr<HandoffResult> NodeRegistry::Handoff(
     const Context& ctx, const HandoffRequest& request) {
   HandoffResult out;

@@ -175,6 +175,10 @@ struct NodeManagerStats {
   int64_t update_failures = 0;    // ...that returned an error (retried).
   int64_t nudges = 0;             // Change announcements received.
   int64_t nudges_deferred = 0;    // ...that had to wait for the rate limit.
+  // Announcements that releases freed shards a refused grant waits for:
+  // the grant is asked for again at once, without a poll (announcements
+  // of releases that free nothing we wait for are ignored).
+  int64_t grant_retries = 0;
   // Not a counter: the last poll found this pod drained, so its nodes give
   // up their shards and stay idle until undrained.
   bool drained = false;
@@ -265,7 +269,7 @@ class NodeManager {
   void RelayLoop(Slot& slot, std::stop_token stop);
   void RunLoop(Slot& slot, std::stop_token stop);
   void GracefulLeave();
-  void Wake();
+  void Wake(const ChangeNotice& notice);
   // Metrics (no-op without options_.metrics): cells made at Start, counts
   // of registry errors (call without mu_: the registry's lock comes first).
   void InitMetrics();
@@ -307,6 +311,9 @@ class NodeManager {
   // While the registry refuses grants (a new epoch): when they open, on our
   // clock. InfinitePast when they are open.
   absl::Time grants_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Kind -> targets of the grants sent in the last handoff and not
+  // granted: a notice that frees any of their shards makes us ask again.
+  std::map<std::string, std::vector<ShardRange>> wants_ ABSL_GUARDED_BY(mu_);
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;

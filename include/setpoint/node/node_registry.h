@@ -120,6 +120,17 @@ struct HandoffResult {
   std::vector<absl::StatusOr<uint64_t>> grants;
 };
 
+// What a change announcement says (AddNoticeListener).
+struct ChangeNotice {
+  // Members came or went, a pod was drained, the state is new, or the
+  // registry cannot tell what changed: look again (poll).
+  bool membership = true;
+  // When not `membership`: only releases happened, and these shards (per
+  // kind) became free. A pod that waits to grow into none of them has
+  // nothing new to try.
+  std::map<std::string, std::vector<ShardRange>> freed;
+};
+
 // One node as the registry records it (Describe).
 struct MemberDescription {
   std::string id;
@@ -254,6 +265,11 @@ class NodeRegistry {
   // instead of at the next interval. Polling stays the safety net: a missed
   // notification only delays. Returns an id for RemoveChangeListener.
   virtual int64_t AddChangeListener(std::function<void()> listener) = 0;
+  // The same, with what changed when the registry can tell (RedisNodeRegistry
+  // says which shards releases freed). The default passes a notice with
+  // `membership` set on every change. Remove it with RemoveChangeListener.
+  virtual int64_t AddNoticeListener(
+      std::function<void(const ChangeNotice&)> listener);
   // After this returns, the listener is not running and will not run.
   virtual void RemoveChangeListener(int64_t id) = 0;
 };

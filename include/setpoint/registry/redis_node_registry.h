@@ -95,6 +95,9 @@ class RedisNodeRegistry : public NodeRegistry {
   absl::Status SetDrained(const Context& ctx, const std::string& pod_id,
                           bool drained) override;
   absl::StatusOr<RegistryDescription> Describe(const Context& ctx) override;
+  // Notices after releases name the shards they freed.
+  int64_t AddNoticeListener(
+      std::function<void(const ChangeNotice&)> listener) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
   void RemoveChangeListener(int64_t id) override;
 

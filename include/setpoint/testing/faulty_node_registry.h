@@ -123,6 +123,13 @@ class FaultyNodeRegistry : public NodeRegistry {
     listeners_[id] = std::move(listener);
     return id;
   }
+  int64_t AddNoticeListener(
+      std::function<void(const ChangeNotice&)> listener) override {
+    int64_t id = base_->AddNoticeListener(listener);
+    std::lock_guard<std::mutex> l(hang_mu_);
+    listeners_[id] = [listener] { listener(ChangeNotice{}); };
+    return id;
+  }
   void RemoveChangeListener(int64_t id) override {
     base_->RemoveChangeListener(id);
     std::lock_guard<std::mutex> l(hang_mu_);

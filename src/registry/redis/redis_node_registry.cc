@@ -362,11 +362,13 @@ return token
 )lua";
 
 // KEYS: epoch, grants_from, run, version, then members, held, token per
-// kind. ARGV: channel, message, epoch, kinds, then per kind: releases n,
-// n x (node, begin, end, token), grants m, m x (node, begin, end).
+// kind. ARGV: channel, message, epoch, kinds, then per kind: kind,
+// releases n, n x (node, begin, end, token), grants m, m x (node, begin,
+// end).
 // Runs every release as kReleaseScript does, then every grant as
 // kGrantScript does (each seeing the ones before it), and announces once
-// if a release changed anything. Returns one array per kind: a result per
+// if a release changed anything: "<message>\tf\t<kind>\t<b>-<e>,..." names
+// the shards that became free. Returns one array per kind: a result per
 // release, then per grant: 'OK', 'T <token>' or 'E <error>'.
 constexpr char kHandoffScript[] = R"lua(
 for i = 1, 4 do
@@ -382,6 +384,7 @@ for k = 1, nkinds do
 end
 local now, t = now_ms()
 local released, granted = false, false
+local notice, unknown = '', false
 local common = nil  -- Refuses every grant: the state changed, or grace.
 local checked = false
 local out = {}
@@ -389,19 +392,33 @@ local ai = 5
 for k = 1, nkinds do
   local b = 4 + 3 * (k - 1)
   local members, held, tokkey = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  local kname = ARGV[ai]
+  ai = ai + 1
   local res = {}
   local refused = {}
+  local freed = {}
+  local function free(fb, fe)
+    if tonumber(fb) < tonumber(fe) then
+      table.insert(freed, strip(fb) .. '-' .. strip(fe))
+    end
+  end
   local nrel = tonumber(ARGV[ai])
   ai = ai + 1
   for r = 1, nrel do
     local node, rb, re, rt = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3]
     ai = ai + 4
-    local cur = redis.call('HGET', KEYS[b + 2], node)
+    local cur = redis.call('HGET', held, node)
     local err = nil
     if tonumber(rb) >= tonumber(re) then
       if cur then
         redis.call('HDEL', held, node)
         released = true
+        local cb, ce = string.match(cur, '^(%d+) (%d+) %d+$')
+        if cb then
+          free(cb, ce)
+        else
+          unknown = true
+        end
       end
     elseif not cur then
       err = 'SETPOINT_PRECONDITION the registry records nothing for the node'
@@ -421,6 +438,8 @@ for k = 1, nkinds do
         if v ~= cur then
           redis.call('HSET', held, node, v)
           released = true
+          free(cb, rb)
+          free(re, ce)
         end
       end
     end
@@ -522,9 +541,18 @@ for k = 1, nkinds do
     end
   end
   table.insert(out, res)
+  if #freed > 0 then
+    notice = notice .. '\t' .. kname .. '\t' .. table.concat(freed, ',')
+  end
 end
 if released or granted then bump_version(KEYS[4]) end
-if released then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+if released then
+  -- Says which shards became free, so that only the pods waiting for them
+  -- look again; a plain message (poll) when that is unknown or too long.
+  local msg = ARGV[2] .. '\tf' .. notice
+  if unknown or #msg > 4000 then msg = ARGV[2] end
+  redis.call('PUBLISH', ARGV[1], msg)
+end
 return out
 )lua";
 
@@ -772,9 +800,13 @@ struct RedisNodeRegistry::Impl {
         continue;
       }
       // A message is ["message", channel, payload]; the payload names the
-      // registry that wrote it, and our own writes need no nudge.
+      // registry that wrote it (our own writes need no nudge), and after
+      // releases the shards they freed.
       if (msg->type == RedisReply::Type::kArray) {
-        if (msg->elements.size() == 3 && msg->elements[2].str == instance) {
+        if (msg->elements.size() == 3) {
+          std::optional<ChangeNotice> notice =
+              redis::ParseChangeNotice(msg->elements[2].str, instance);
+          if (notice.has_value()) Notify(*notice);
           continue;
         }
         Notify();
@@ -782,9 +814,9 @@ struct RedisNodeRegistry::Impl {
     }
   }
 
-  void Notify() {
+  void Notify(const ChangeNotice& notice = ChangeNotice{}) {
     MutexLock l(&listeners_mu);
-    for (auto& [id, listener] : listeners) listener();
+    for (auto& [id, listener] : listeners) listener(notice);
   }
 
   RedisNodeRegistryOptions options;
@@ -817,7 +849,7 @@ struct RedisNodeRegistry::Impl {
   // Subscriber thread only.
   RedisClient subscriber;
   Mutex listeners_mu;
-  std::map<int64_t, std::function<void()>> listeners
+  std::map<int64_t, std::function<void(const ChangeNotice&)>> listeners
       ABSL_GUARDED_BY(listeners_mu);
   int64_t next_listener ABSL_GUARDED_BY(listeners_mu) = 1;
   std::jthread thread ABSL_GUARDED_BY(listeners_mu);  // First listener.
@@ -973,6 +1005,7 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
     keys.push_back(d.KindKey(kind, "members"));
     keys.push_back(d.KindKey(kind, "held"));
     keys.push_back(d.KindKey(kind, "token"));
+    args.push_back(kind);
     args.push_back(absl::StrCat(ops.releases.size()));
     for (size_t i : ops.releases) {
       ShardAssignment keep = request.releases[i].keep;
@@ -1121,6 +1154,12 @@ absl::StatusOr<RegistryDescription> RedisNodeRegistry::Describe(
 }
 
 int64_t RedisNodeRegistry::AddChangeListener(std::function<void()> listener) {
+  return AddNoticeListener(
+      [listener = std::move(listener)](const ChangeNotice&) { listener(); });
+}
+
+int64_t RedisNodeRegistry::AddNoticeListener(
+    std::function<void(const ChangeNotice&)> listener) {
   Impl& d = *impl_;
   MutexLock l(&d.listeners_mu);
   int64_t id = d.next_listener++;

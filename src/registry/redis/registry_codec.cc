@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -384,6 +385,34 @@ absl::StatusOr<RegistryDescription> DecodeDescribeReply(
               });
   }
   return d;
+}
+
+// Reads a change message: nullopt for our own (`self`), a notice of freed
+// shards for "<instance>\tf\t<kind>\t<b>-<e>,...", and a plain notice
+// (look again) for anything else, including what does not parse.
+std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
+                                              absl::string_view self) {
+  std::vector<absl::string_view> parts = absl::StrSplit(payload, '\t');
+  if (parts[0] == self) return std::nullopt;
+  ChangeNotice notice;
+  if (parts.size() < 4 || parts.size() % 2 != 0 || parts[1] != "f") {
+    return notice;
+  }
+  for (size_t i = 2; i + 1 < parts.size(); i += 2) {
+    std::vector<ShardRange>& ranges = notice.freed[std::string(parts[i])];
+    for (absl::string_view r : absl::StrSplit(parts[i + 1], ',')) {
+      std::pair<absl::string_view, absl::string_view> be =
+          absl::StrSplit(r, absl::MaxSplits('-', 1));
+      uint32_t b = 0, e = 0;
+      if (!absl::SimpleAtoi(be.first, &b) || !absl::SimpleAtoi(be.second, &e) ||
+          b >= e) {
+        return ChangeNotice{};
+      }
+      ranges.push_back(ShardRange{b, e});
+    }
+  }
+  notice.membership = false;
+  return notice;
 }
 
 }  // namespace setpoint::redis

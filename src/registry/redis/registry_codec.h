@@ -11,6 +11,7 @@
 #define SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,13 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
 // the script's shape.
 absl::StatusOr<RegistryDescription> DecodeDescribeReply(
     const RedisReply& reply, const std::vector<std::string>& kinds);
+
+// A message on the change channel: nullopt for one from `self` (our own
+// write), the shards releases freed for "<instance>\tf\t<kind>\t<b>-<e>,...",
+// and a plain notice (look again) for anything else, including what does
+// not parse.
+std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
+                                              absl::string_view self);
 
 }  // namespace setpoint::redis
 
