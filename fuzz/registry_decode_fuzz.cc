@@ -5,8 +5,8 @@
 // and never accept what breaks an invariant the NodeManager relies on.
 //
 // Input: byte 0 picks the number of kinds (0-2); the rest encodes one
-// reply tree (see Read below). The same bytes are also fed to ParseToken
-// and ParseHeld as text.
+// reply tree (see Read below). The same bytes are also fed to ParseToken,
+// ParseHeld and ParseChangeNotice as text.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -105,6 +105,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(held->range.begin < held->range.end, "held range not empty");
   } else {
     Check(absl::IsInvalidArgument(held.status()), "held error code");
+  }
+
+  // A change message someone published on our channel: a notice or our
+  // own, and freed ranges only in a notice that says so.
+  if (auto notice = setpoint::redis::ParseChangeNotice(text, "self");
+      notice.has_value()) {
+    Check(notice->membership || !notice->freed.empty(), "notice says what");
+    for (const auto& [kind, ranges] : notice->freed) {
+      Check(!notice->membership, "freed only in a release notice");
+      for (const auto& f : ranges) Check(f.begin < f.end, "freed not empty");
+    }
+  } else {
+    Check(text.substr(0, text.find('\t')) == "self", "only ours is dropped");
   }
 
   Reader reader(data, size);

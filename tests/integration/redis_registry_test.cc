@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "registry/redis/redis_client.h"
+#include "registry/redis/registry_codec.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/node/node_manager.h"
@@ -367,6 +368,128 @@ TEST_F(RedisRegistryTest, ReleaseUnderAnotherTokenIsRefused) {
   ASSERT_THAT(r->Release(ctx_, "vm", "a/vm/0", {{0, 0}, 0}), IsOk());
   v = Poll(*r, {"a/vm/0"});
   EXPECT_FALSE(v->kinds["vm"].held.contains("a/vm/0"));
+}
+
+TEST_F(RedisRegistryTest, HandoffReleasesThenGrantsInOneRoundTrip) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "a/vm/1", "b/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  auto t0 = r->Grant(ctx_, "vm", "a/vm/0", {0, 100}, epoch_);
+  auto tb = r->Grant(ctx_, "vm", "b/vm/0", {100, 200}, epoch_);
+  ASSERT_THAT(t0.status(), IsOk());
+  ASSERT_THAT(tb.status(), IsOk());
+  // Loads the script (a first call may take a second round trip for it).
+  ASSERT_THAT(
+      r->Handoff(ctx_, {.releases = {{"vm", "none/vm/0", {}}}}).status(),
+      IsOk());
+  const int64_t before = r->round_trips();
+  // a/vm/0 shrinks to [0,50); a/vm/1 takes [50,100) in the same call (it
+  // sees the release), a grant into b's range is refused, and a release
+  // under a stale token is refused and so is that node's grant.
+  auto result =
+      r->Handoff(ctx_, {.releases = {{"vm", "a/vm/0", {{0, 50}, *t0}},
+                                     {"vm", "b/vm/0", {{100, 150}, *tb - 1}}},
+                        .grants = {{"vm", "a/vm/1", {50, 100}},
+                                   {"vm", "a/vm/1", {50, 120}},
+                                   {"vm", "b/vm/0", {100, 300}},
+                                   {"vm", "ghost/vm/0", {300, 400}},
+                                   {"vm", "a/vm/1", {}}},
+                        .epoch = epoch_});
+  ASSERT_THAT(result.status(), IsOk());
+  EXPECT_EQ(r->round_trips() - before, 1);
+  ASSERT_EQ(result->releases.size(), 2u);
+  EXPECT_THAT(result->releases[0], IsOk());
+  EXPECT_THAT(
+      result->releases[1],
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("token")));
+  ASSERT_EQ(result->grants.size(), 5u);
+  ASSERT_THAT(result->grants[0].status(), IsOk());
+  EXPECT_GT(*result->grants[0], *tb);
+  EXPECT_THAT(result->grants[1].status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("b/vm/0")));
+  EXPECT_THAT(result->grants[2].status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("release")));
+  EXPECT_THAT(result->grants[3].status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(result->grants[4].status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  auto v = Poll(*r, {"a/vm/0", "a/vm/1", "b/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t0}));
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/1"],
+            (ShardAssignment{{50, 100}, *result->grants[0]}));
+  EXPECT_EQ(v->kinds["vm"].held["b/vm/0"], (ShardAssignment{{100, 200}, *tb}));
+  // A grant from an older epoch's view is refused.
+  auto stale = r->Handoff(
+      ctx_, {.grants = {{"vm", "b/vm/0", {100, 300}}}, .epoch = "old"});
+  ASSERT_THAT(stale.status(), IsOk());
+  EXPECT_THAT(stale->grants[0].status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("epoch")));
+}
+
+TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
+  auto watcher = Registry(server_.address());
+  auto r = Registry(server_.address());
+  Mutex mu;
+  std::vector<ChangeNotice> notices;
+  int64_t id = watcher->AddNoticeListener([&](const ChangeNotice& n) {
+    MutexLock l(&mu);
+    notices.push_back(n);
+  });
+  int n = 0;
+  ASSERT_TRUE(AwaitCondition([&] {
+    EXPECT_THAT(Poll(*r, {"w/vm/" + std::to_string(n++)}).status(), IsOk());
+    MutexLock l(&mu);
+    return !notices.empty();
+  }));
+  {
+    MutexLock l(&mu);
+    // Members came: a plain notice (look again).
+    EXPECT_TRUE(notices.back().membership);
+  }
+  AllowGrants(server_.address(), *r);
+  auto t = r->Grant(ctx_, "vm", "w/vm/0", {10, 90}, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  auto result = r->Handoff(
+      ctx_, {.releases = {{"vm", "w/vm/0", {{30, 60}, *t}}}, .epoch = epoch_});
+  ASSERT_THAT(result.status(), IsOk());
+  ASSERT_THAT(result->releases[0], IsOk());
+  auto freed = [&] {
+    std::vector<ChangeNotice> out;
+    MutexLock l(&mu);
+    for (const ChangeNotice& notice : notices) {
+      if (!notice.membership) out.push_back(notice);
+    }
+    return out;
+  };
+  ASSERT_TRUE(AwaitCondition([&] { return !freed().empty(); }));
+  // The grant before announced nothing; the release names what it freed.
+  // (Late plain notices of the polls above may still arrive.)
+  std::vector<ChangeNotice> heard = freed();
+  ASSERT_EQ(heard.size(), 1u);
+  EXPECT_THAT(heard[0].freed["vm"],
+              ElementsAre(ShardRange{10, 30}, ShardRange{60, 90}));
+  watcher->RemoveChangeListener(id);
+}
+
+TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
+  EXPECT_EQ(redis::ParseChangeNotice("me", "me"), std::nullopt);
+  EXPECT_EQ(redis::ParseChangeNotice("me\tf\tvm\t1-2", "me"), std::nullopt);
+  auto n = redis::ParseChangeNotice("other\tf\tvm\t1-5,7-9\tdb\t0-4", "me");
+  ASSERT_TRUE(n.has_value());
+  EXPECT_FALSE(n->membership);
+  EXPECT_THAT(n->freed["vm"], ElementsAre(ShardRange{1, 5}, ShardRange{7, 9}));
+  EXPECT_THAT(n->freed["db"], ElementsAre(ShardRange{0, 4}));
+  // Anything else, from an older pod or someone else, means look again.
+  for (const char* msg :
+       {"other", "other\tf", "other\tf\tvm", "other\tf\tvm\t5-1",
+        "other\tf\tvm\t1-x", "other\tx\tvm\t1-2", "other\tf\tvm\t1-2\tdb",
+        "other\tf\tvm\t99999999999-100000000000", ""}) {
+    auto plain = redis::ParseChangeNotice(msg, "me");
+    ASSERT_TRUE(plain.has_value()) << msg;
+    EXPECT_TRUE(plain->membership) << msg;
+    EXPECT_TRUE(plain->freed.empty()) << msg;
+  }
 }
 
 TEST_F(RedisRegistryTest, FloodOfChangeMessagesDoesNotReachOurOwnWrites) {

@@ -105,13 +105,13 @@ struct HandoffRequest {
     ShardRange target;
   };
   // Applied first, in order, each exactly as Release would.
-  std::vector<ReleaseOp> releases;
+  std::vector<ReleaseOp> releases = {};
   // Then, in order, each exactly as Grant would, seeing the releases above
   // and the grants before it. A grant to a node whose release in this
   // request failed is refused (kAborted).
-  std::vector<GrantOp> grants;
+  std::vector<GrantOp> grants = {};
   // The PollResult::epoch the grants were decided on.
-  std::string epoch;
+  std::string epoch = {};
 };
 
 // One status per operation of a HandoffRequest, in its order.
