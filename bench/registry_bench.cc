@@ -6,6 +6,8 @@
 //   build/release/bench/registry_bench --only=cold,fleet   # some parts:
 //       pair (join, leave, crash), cold (cold starts), fleet (steady cost,
 //       rolling restart, mass failure)
+//   build/release/bench/registry_bench --only=fleet --steps=10
+//       # the rolling restart of the first 10 pods only
 //
 // It prints one line per measurement:
 //   graceful leave   time from Stop() of one pod until the other pod's nodes
@@ -232,6 +234,22 @@ RedisStats ReadStats(const std::string& address) {
   return s;
 }
 
+// The fleet's NodeManager counters, summed.
+struct FleetStats {
+  int64_t polls = 0, conflicts = 0, retries = 0, nudges = 0;
+  void Add(const NodeManagerStats& s, int sign = 1) {
+    polls += sign * s.polls;
+    conflicts += sign * s.grant_conflicts;
+    retries += sign * s.grant_retries;
+    nudges += sign * s.nudges;
+  }
+};
+FleetStats SumStats(const std::vector<std::unique_ptr<Pod>>& fleet) {
+  FleetStats out;
+  for (const auto& p : fleet) out.Add(p->manager->stats());
+  return out;
+}
+
 int64_t Polls(const std::vector<std::unique_ptr<Pod>>& fleet) {
   int64_t n = 0;
   for (const auto& p : fleet) n += p->manager->stats().polls;
@@ -288,7 +306,7 @@ bool ColdStart(const std::string& address, int pods, Coverage* coverage,
   return true;
 }
 
-int Main(bool quick, const std::string& only) {
+int Main(bool quick, const std::string& only, int steps_limit) {
   auto want = [&](const char* part) {
     return only.empty() || absl::StrContains(only, part);
   };
@@ -401,14 +419,22 @@ int Main(bool quick, const std::string& only) {
 
   // Rolling restart: one pod at a time stops gracefully and a new one
   // takes its place.
-  std::vector<double> gaps, steps;
+  std::vector<double> gaps, steps, stops, starts;
+  const int roll =
+      steps_limit > 0 ? std::min(steps_limit, pods) : (quick ? 3 : pods);
+  RedisStats roll_before = ReadStats(address);
+  FleetStats fleet_before = SumStats(fleet);
   auto roll_start = Clock::now();
-  for (int i = 0; i < (quick ? 3 : pods); ++i) {
+  for (int i = 0; i < roll; ++i) {
     auto step_start = Clock::now();
     coverage.TakeMaxGap();
     fleet[i]->manager->Stop();
+    auto stopped = Clock::now();
+    // The stopped pod's counters leave the sum with it.
+    fleet_before.Add(fleet[i]->manager->stats(), -1);
     fleet[i] =
         MakePod(address, absl::StrCat("r", i), per_pod, &coverage, lease, poll);
+    auto started = Clock::now();
     if (fleet[i] == nullptr ||
         !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
                                std::chrono::milliseconds(20'000))) {
@@ -416,13 +442,28 @@ int Main(bool quick, const std::string& only) {
       return 1;
     }
     steps.push_back(Ms(Clock::now() - step_start));
+    stops.push_back(Ms(stopped - step_start));
+    starts.push_back(Ms(started - stopped));
     gaps.push_back(Ms(coverage.TakeMaxGap()));
   }
-  std::printf("rolling restart  pods=%d took %.0f ms load=%.1f\n",
-              static_cast<int>(steps.size()), Ms(Clock::now() - roll_start),
-              LoadAverage());
+  RedisStats roll_after = ReadStats(address);
+  FleetStats fleet_after = SumStats(fleet);
+  std::printf(
+      "rolling restart  pods=%d took %.0f ms load=%.1f; per step: round "
+      "trips=%.0f polls=%.0f grant refusals=%.0f grant retries=%.0f "
+      "announcements heard=%.0f\n",
+      roll, Ms(Clock::now() - roll_start), LoadAverage(),
+      static_cast<double>(roll_after.round_trips - roll_before.round_trips) /
+          roll,
+      static_cast<double>(fleet_after.polls - fleet_before.polls) / roll,
+      static_cast<double>(fleet_after.conflicts - fleet_before.conflicts) /
+          roll,
+      static_cast<double>(fleet_after.retries - fleet_before.retries) / roll,
+      static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll);
   Report("  step", steps);
   Report("  unowned", gaps);
+  Report("  pod stop", stops);
+  Report("  pod start", starts);
 
   // A fifth of the pods die at once (their registry calls stop).
   const int dead = pods / 5;
@@ -453,16 +494,20 @@ int Main(bool quick, const std::string& only) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
+  int steps = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strncmp(argv[i], "--only=", 7) == 0) {
       only = argv[i] + 7;
+    } else if (std::strncmp(argv[i], "--steps=", 8) == 0 &&
+               absl::SimpleAtoi(argv[i] + 8, &steps) && steps > 0) {
     } else {
-      std::fprintf(
-          stderr, "usage: registry_bench [--quick] [--only=pair,cold,fleet]\n");
+      std::fprintf(stderr,
+                   "usage: registry_bench [--quick] [--only=pair,cold,fleet] "
+                   "[--steps=N]\n");
       return 2;
     }
   }
-  return setpoint::Main(quick, only);
+  return setpoint::Main(quick, only, steps);
 }

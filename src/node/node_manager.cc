@@ -451,7 +451,9 @@ void NodeManager::Tick() {
   // A process that was frozen (SIGSTOP, a long GC-like pause, a slow VM)
   // must stop before it spends a round trip on polling.
   SelfFence();
-  PollRequest request{.lease = options_.lease, .min_version = max_version_};
+  PollRequest request{.lease = options_.lease,
+                      .min_version = max_version_,
+                      .own_held_only = true};
   bool poll;
   {
     MutexLock l(&mu_);

@@ -63,7 +63,15 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
       }
       KindView& view = result.kinds[name];
       for (const auto& [id, expiry] : kind.expiry) view.members.push_back(id);
-      view.held = kind.held;
+      if (request.own_held_only) {
+        for (const std::string& id : ids) {
+          if (auto it = kind.held.find(id); it != kind.held.end()) {
+            view.held.insert(*it);
+          }
+        }
+      } else {
+        view.held = kind.held;
+      }
     }
     for (const auto& [pod, since] : drained_) result.drained.insert(pod);
     ++version_;

@@ -91,6 +91,9 @@ struct ChaosConfig {
   std::string report;       // JSON summary path.
   bool keep = false;        // Keep the run directory even when it passes.
   std::string only_faults;  // Comma-separated kinds; empty: all.
+  // The longer mode's scale case (ScaleManyPodProcesses): this many pod
+  // processes; 0 skips it.
+  int scale_pods = 0;
 };
 
 ChaosConfig& Config() {
@@ -1485,6 +1488,25 @@ TEST(ChaosTest, AtMostOneOwnerPerShardUnderFaults) {
   harness.Run();
 }
 
+// The longer mode's scale case: many pod processes of 2 nodes on one ring,
+// under the faults that move shards between pods (kills, SIGTERMs and
+// restarts, freezes, cut connections), with the same checks.
+TEST(ChaosTest, ScaleManyPodProcesses) {
+  ChaosConfig c = Config();
+  if (c.scale_pods == 0) {
+    GTEST_SKIP() << "the longer mode only (SETPOINT_CHAOS_LONG=1 or "
+                    "SETPOINT_CHAOS_SCALE_PODS=N)";
+  }
+  c.pods = c.scale_pods;
+  c.nodes = 2;
+  c.ring = 1024;
+  if (c.only_faults.empty()) {
+    c.only_faults = "pod_kill,pod_term,pod_stop,conn_reset,partition";
+  }
+  ChaosHarness harness(c);
+  harness.Run();
+}
+
 bool ParseInt(const char* s, int64_t* out) {
   return s != nullptr && absl::SimpleAtoi(s, out);
 }
@@ -1514,6 +1536,8 @@ int main(int argc, char** argv) {
       {"SETPOINT_CHAOS_REPORT", "report"},
       {"SETPOINT_CHAOS_KEEP", "keep"},
       {"SETPOINT_CHAOS_FAULTS", "faults"},
+      {"SETPOINT_CHAOS_LONG", "long"},
+      {"SETPOINT_CHAOS_SCALE_PODS", "scale_pods"},
   };
   for (const auto& [var, key] : env) {
     const char* v = getenv(var);
@@ -1537,6 +1561,8 @@ int main(int argc, char** argv) {
       c.only_faults = value;
     } else if (key == "keep") {
       c.keep = value != "0";
+    } else if (key == "long") {
+      if (value != "0" && c.scale_pods == 0) c.scale_pods = 24;
     } else if (key == "seed") {
       ok = absl::SimpleAtoi(value, &c.seed);
       c.seed_set = ok;
@@ -1545,6 +1571,8 @@ int main(int argc, char** argv) {
       c.seconds = n;
     } else if (key == "pods") {
       c.pods = static_cast<int>(n);
+    } else if (key == "scale_pods") {
+      c.scale_pods = static_cast<int>(n);
     } else if (key == "nodes") {
       c.nodes = static_cast<int>(n);
     } else if (key == "ring") {
@@ -1568,7 +1596,7 @@ int main(int argc, char** argv) {
     }
   }
   if (c.pods < 2 || c.nodes < 1 || c.ring < 1 || c.seconds < 0 ||
-      c.lease_ms <= c.poll_ms) {
+      c.lease_ms <= c.poll_ms || c.scale_pods < 0 || c.scale_pods == 1) {
     std::fprintf(stderr, "chaos_test: bad configuration\n");
     return 2;
   }

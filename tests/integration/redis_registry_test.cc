@@ -472,6 +472,26 @@ TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
   watcher->RemoveChangeListener(id);
 }
 
+TEST_F(RedisRegistryTest, OwnHeldOnlyLeavesOutOthersRecords) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  auto ta = r->Grant(ctx_, "vm", "a/vm/0", {0, 10}, epoch_);
+  ASSERT_THAT(ta.status(), IsOk());
+  ASSERT_THAT(r->Grant(ctx_, "vm", "b/vm/0", {10, 20}, epoch_).status(),
+              IsOk());
+  auto own = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}},
+                            .min_version = version_,
+                            .own_held_only = true});
+  ASSERT_THAT(own.status(), IsOk());
+  EXPECT_THAT(own->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
+  ASSERT_EQ(own->kinds["vm"].held.size(), 1u);
+  EXPECT_EQ(own->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 10}, *ta}));
+  auto all = Poll(*r, {"a/vm/0"});
+  ASSERT_THAT(all.status(), IsOk());
+  EXPECT_EQ(all->kinds["vm"].held.size(), 2u);
+}
+
 TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
   EXPECT_EQ(redis::ParseChangeNotice("me", "me"), std::nullopt);
   EXPECT_EQ(redis::ParseChangeNotice("me\tf\tvm\t1-2", "me"), std::nullopt);

@@ -57,6 +57,11 @@ struct PollRequest {
   // whose state is older than that went back in time (a restore from an
   // older snapshot, a failover that lost writes): it starts a new epoch.
   uint64_t min_version = 0;
+  // Return in KindView::held only the records of the nodes named in
+  // `kinds` (what a NodeManager reads: it checks its own records, and the
+  // registry checks everyone else's at each grant). Less to send and read
+  // in a large fleet; operator tools leave it false.
+  bool own_held_only = false;
 };
 
 // What every live node of one kind has, as the registry saw it.
@@ -64,8 +69,9 @@ struct KindView {
   // Live node ids, sorted as byte strings.
   std::vector<std::string> members;
   // Node id -> the range it activated and the token it got. Only live
-  // members appear; a member that holds nothing is absent, and so is one
-  // whose record does not parse (its owner must treat that as "not mine").
+  // members appear (only the caller's own with PollRequest::own_held_only);
+  // a member that holds nothing is absent, and so is one whose record does
+  // not parse (its owner must treat that as "not mine").
   std::map<std::string, ShardAssignment> held;
 };
 

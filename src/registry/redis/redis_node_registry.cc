@@ -106,7 +106,8 @@ end
 // KEYS: epoch, grants_from, run, version, drained, kinds, then members,
 // held, token per kind.
 // ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
-// then per kind: kind, ring size ('' for none), n, ids...
+// own held only ('1': the held records of the given ids only), then per
+// kind: kind, ring size ('' for none), n, ids...
 // Starts a new epoch when the state is missing, was written under another
 // server run (a restart or failover: it may be an older snapshot) or is
 // older than a version the caller saw; renews the given members, expires
@@ -183,7 +184,8 @@ if not gf or gf > now + 2 * lease then
   redis.call('SET', KEYS[2], num(gf))
 end
 local views = {}
-local ai = 7
+local own_only = ARGV[7] == '1'
+local ai = 8
 local horizon = now + 2 * lease
 for k = 1, nkinds do
   local b = 6 + 3 * (k - 1)
@@ -205,10 +207,12 @@ for k = 1, nkinds do
     for _, id in ipairs(dead) do redis.call('HDEL', held, id) end
     changed = true
   end
+  local own = {}
   for i = 1, n do
     if redis.call('ZADD', members, num(now + lease), ARGV[ai]) == 1 then
       changed = true
     end
+    table.insert(own, ARGV[ai])
     ai = ai + 1
   end
   local live = redis.call('ZRANGEBYSCORE', members, '(' .. num(now),
@@ -240,7 +244,21 @@ for k = 1, nkinds do
       table.concat(ex, ', '))
   end
   table.insert(views, ok)
-  table.insert(views, redis.call('HGETALL', held))
+  if own_only and #own <= 1000 then
+    local flat = {}
+    if #own > 0 then
+      local vals = redis.call('HMGET', held, unpack(own))
+      for i = 1, #own do
+        if vals[i] then
+          table.insert(flat, own[i])
+          table.insert(flat, vals[i])
+        end
+      end
+    end
+    table.insert(views, flat)
+  else
+    table.insert(views, redis.call('HGETALL', held))
+  end
 end
 if changed then redis.call('PUBLISH', ARGV[3], ARGV[6]) end
 return {epoch, num(gf), num(now), version, reason, views, warnings,
@@ -896,7 +914,8 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
       d.channel,
       absl::StrCat(request.kinds.size()),
       absl::StrCat(request.min_version),
-      d.instance};
+      d.instance,
+      request.own_held_only ? "1" : "0"};
   std::vector<std::string> kinds;
   for (const auto& [kind, ids] : request.kinds) {
     kinds.push_back(kind);
