@@ -487,23 +487,35 @@ for k = 1, nkinds do
           ' ms more, until the registry state is one lease old'
       end
     end
-    -- Live members and what they hold, read once for all the grants.
-    local live = {}
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', members, '(' .. num(now),
-                                   '+inf')) do
-      live[id] = true
+    -- What live members hold where these grants reach, read once for all
+    -- of them: records outside the grants' hull cannot conflict, so only
+    -- the others (and those that do not parse) need a liveness check.
+    local function is_live(id)
+      local sc = redis.call('ZSCORE', members, id)
+      return sc ~= false and sc ~= nil and tonumber(sc) > now
+    end
+    local lo, hi = math.huge, -1
+    for g = 0, ngr - 1 do
+      lo = math.min(lo, tonumber(ARGV[ai + 3 * g + 1]))
+      hi = math.max(hi, tonumber(ARGV[ai + 3 * g + 2]))
     end
     local ranges = {}
     local h = redis.call('HGETALL', held)
     for i = 1, #h, 2 do
-      if live[h[i]] then
-        local ob, oe = string.match(h[i + 1], '^(%d+) (%d+) %d+$')
-        if ob then
-          ranges[h[i]] = {tonumber(ob), tonumber(oe)}
-        else
-          ranges[h[i]] = quote(h[i + 1])
+      local ob, oe = string.match(h[i + 1], '^(%d+) (%d+) %d+$')
+      if not ob then
+        if is_live(h[i]) then ranges[h[i]] = quote(h[i + 1]) end
+      else
+        ob, oe = tonumber(ob), tonumber(oe)
+        if ob < hi and lo < oe and is_live(h[i]) then
+          ranges[h[i]] = {ob, oe}
         end
       end
+    end
+    local live = {}
+    for g = 0, ngr - 1 do
+      local id = ARGV[ai + 3 * g]
+      if live[id] == nil then live[id] = is_live(id) end
     end
     local last = redis.call('GET', tokkey) or '0'
     for g = 1, ngr do
