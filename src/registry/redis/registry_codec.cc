@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace setpoint::redis {
@@ -132,6 +133,25 @@ bool ParseScore(absl::string_view text, absl::Time* out) {
   return true;
 }
 
+// A member id that may get a share of the ring: "<pod>/<kind>/<index>" of
+// this kind (index decimal digits), at most 512 bytes, no control bytes or
+// spaces. Checked here, not in the poll script: every pod checks its own
+// copy, and Redis, which serves them all, does less per poll.
+bool UsableMemberId(absl::string_view id, absl::string_view kind) {
+  if (id.size() > 512) return false;
+  for (char ch : id) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f || c == ' ') return false;
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(id, '/');
+  if (parts.size() != 3 || parts[0].empty() || parts[1] != kind ||
+      parts[2].empty()) {
+    return false;
+  }
+  return std::all_of(parts[2].begin(), parts[2].end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
@@ -215,9 +235,21 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
       return Shape(absl::StrCat("view of kind ", kinds[k]));
     }
     KindView& view = result.kinds[kinds[k]];
+    int64_t bad = 0;
+    std::vector<std::string> examples;
     for (const RedisReply& m : members.elements) {
       if (!IsText(m)) return Shape(absl::StrCat("member of kind ", kinds[k]));
+      if (!UsableMemberId(m.str, kinds[k])) {
+        if (++bad <= 3) examples.push_back(Quote(m.str));
+        continue;
+      }
       view.members.push_back(m.str);
+    }
+    if (bad > 0) {
+      out.warnings.push_back(absl::StrCat(
+          "kind ", kinds[k], ": ", bad, " member id(s) are not \"<pod>/",
+          kinds[k],
+          "/<index>\" and get no shards: ", absl::StrJoin(examples, ", ")));
     }
     std::sort(view.members.begin(), view.members.end());
     view.members.erase(std::unique(view.members.begin(), view.members.end()),
