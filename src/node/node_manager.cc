@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -593,16 +594,38 @@ void NodeManager::Tick() {
       for (const auto& k : options_.kinds) {
         if (k.kind == kind) ring = k.ring_size;
       }
-      auto targets =
-          AssignShards(ShareMembers(view.members, last_view_->drained), ring);
+      // Each node's target as AssignShards gives it: the even split over
+      // the sorted ids that share the ring, found by the node's position
+      // (the view's members are sorted and unique), without building the
+      // whole map for a fleet of a thousand nodes.
+      std::vector<std::string> drained_out;
+      if (!last_view_->drained.empty()) {
+        drained_out = ShareMembers(view.members, last_view_->drained);
+      }
+      const std::vector<std::string>& share =
+          last_view_->drained.empty() ? view.members : drained_out;
+      const bool sorted =
+          std::adjacent_find(share.begin(), share.end(),
+                             std::greater_equal<>()) == share.end();
+      absl::flat_hash_map<std::string, ShardRange> unsorted;
+      if (!sorted) unsorted = AssignShards(share, ring);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
         {
           MutexLock l(&mu_);
           if (!slot->registered) continue;
         }
-        auto it = targets.find(slot->info.id);
-        ShardRange target = it == targets.end() ? ShardRange{} : it->second;
+        ShardRange target;
+        if (sorted) {
+          auto it = std::lower_bound(share.begin(), share.end(), slot->info.id);
+          if (it != share.end() && *it == slot->info.id) {
+            target = SplitRing(ring, static_cast<uint32_t>(share.size()),
+                               static_cast<uint32_t>(it - share.begin()));
+          }
+        } else if (auto it = unsorted.find(slot->info.id);
+                   it != unsorted.end()) {
+          target = it->second;
+        }
         last_targets_[kind][slot->info.id] = target;
         if (auto m = Step(*slot, view, target)) moves.push_back(*m);
       }
