@@ -8,6 +8,8 @@
 //       rolling restart, mass failure)
 //   build/release/bench/registry_bench --only=fleet --steps=10
 //       # the rolling restart of the first 10 pods only
+//   build/release/bench/registry_bench --only=fleet --fleet=10
+//       # the fleet parts with 10 pods of 10 nodes instead of 100
 //
 // It prints one line per measurement:
 //   graceful leave   time from Stop() of one pod until the other pod's nodes
@@ -306,7 +308,7 @@ bool ColdStart(const std::string& address, int pods, Coverage* coverage,
   return true;
 }
 
-int Main(bool quick, const std::string& only, int steps_limit) {
+int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
   auto want = [&](const char* part) {
     return only.empty() || absl::StrContains(only, part);
   };
@@ -382,7 +384,8 @@ int Main(bool quick, const std::string& only, int steps_limit) {
   if (!want("fleet")) return 0;
 
   // Steady state: 100 pods x 10 nodes on one redis-server.
-  const int pods = quick ? 10 : 100, per_pod = 10;
+  const int pods = fleet_pods > 0 ? fleet_pods : (quick ? 10 : 100);
+  const int per_pod = 10;
   std::vector<std::unique_ptr<Pod>> fleet;
   std::vector<std::string> prefixes;
   auto start = Clock::now();
@@ -495,6 +498,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   int steps = 0;
+  int fleet = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -502,12 +506,14 @@ int main(int argc, char** argv) {
       only = argv[i] + 7;
     } else if (std::strncmp(argv[i], "--steps=", 8) == 0 &&
                absl::SimpleAtoi(argv[i] + 8, &steps) && steps > 0) {
+    } else if (std::strncmp(argv[i], "--fleet=", 8) == 0 &&
+               absl::SimpleAtoi(argv[i] + 8, &fleet) && fleet >= 5) {
     } else {
       std::fprintf(stderr,
                    "usage: registry_bench [--quick] [--only=pair,cold,fleet] "
-                   "[--steps=N]\n");
+                   "[--steps=N] [--fleet=PODS]\n");
       return 2;
     }
   }
-  return setpoint::Main(quick, only, steps);
+  return setpoint::Main(quick, only, steps, fleet);
 }
