@@ -55,7 +55,6 @@ struct NodeManager::Slot {
   bool unconfirmed = false;
   bool running = false;
   int restarts = 0;
-  std::jthread relay;
   std::jthread run;
 };
 
@@ -228,15 +227,15 @@ absl::Status NodeManager::Start() {
       [this](const ChangeNotice& notice) { Wake(notice); });
   for (auto& slot : slots_) {
     Slot* s = slot.get();
-    s->relay = std::jthread([this, s](std::stop_token stop) {
-      pthread_setname_np(pthread_self(), "sp-relay");
-      RelayLoop(*s, stop);
-    });
     s->run = std::jthread([this, s](std::stop_token stop) {
       pthread_setname_np(pthread_self(), "sp-node");
       RunLoop(*s, stop);
     });
   }
+  relay_timer_ = std::jthread([this](std::stop_token stop) {
+    pthread_setname_np(pthread_self(), "sp-relay-timer");
+    RelayTimer(stop);
+  });
   loop_ = std::jthread([this](std::stop_token stop) {
     pthread_setname_np(pthread_self(), "sp-registry");
     loop_id_.store(std::this_thread::get_id());
@@ -261,17 +260,26 @@ void NodeManager::Stop() {
   collector_.Reset();
   options_.registry->RemoveChangeListener(listener_);
   nodes_stop_.request_stop();
-  for (auto& slot : slots_) {
-    slot->run.request_stop();
-    slot->relay.request_stop();
-  }
+  for (auto& slot : slots_) slot->run.request_stop();
+  relay_timer_.request_stop();
+  std::vector<std::jthread> relays;
   {
     MutexLock l(&mu_);
     cv_.SignalAll();
   }
+  if (relay_timer_.joinable()) relay_timer_.join();
+  {
+    // The timer no longer adds workers.
+    MutexLock l(&mu_);
+    relays = std::move(relays_);
+    for (auto& r : relays) r.request_stop();
+    cv_.SignalAll();
+  }
   for (auto& slot : slots_) {
     if (slot->run.joinable()) slot->run.join();
-    if (slot->relay.joinable()) slot->relay.join();
+  }
+  for (auto& r : relays) {
+    if (r.joinable()) r.join();
   }
   // Every node's Run has returned, and with it its syncers stopped.
   if (updaters_ != nullptr) updaters_->Stop();
@@ -863,40 +871,103 @@ void NodeManager::FenceAll(const char* why) {
   for (auto& slot : slots_) Fence(*slot, why);
 }
 
-void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
+bool NodeManager::FenceDue(const Slot& slot, absl::Time now) const {
+  return Working(slot) && renewed_at_ != absl::InfinitePast() &&
+         now >= FenceDeadline();
+}
+
+bool NodeManager::Ready(const Slot& slot, absl::Time now) const {
+  return !slot.queue.empty() && !slot.in_call &&
+         (now >= slot.retry_at || FenceDue(slot, now));
+}
+
+int NodeManager::ReadyCount(absl::Time now) const {
+  int n = 0;
+  for (const auto& slot : slots_) n += Ready(*slot, now) ? 1 : 0;
+  return n;
+}
+
+void NodeManager::RelayTimer(std::stop_token stop) {
+  MutexLock l(&mu_);
+  while (!stop.stop_requested()) {
+    // Fence every node whose deadline passed, whatever the protocol thread
+    // and the other nodes' calls are blocked on.
+    absl::Time now = clock_->Now();
+    for (auto& slot : slots_) {
+      if (FenceDue(*slot, now)) Fence(*slot, "lease not renewed in time");
+    }
+    // A worker for every node that has an update waiting, so that one
+    // node's UpdateShardRange that blocks never delays another's (idle
+    // ones first: a pause that ended wakes nobody else).
+    const int ready = ReadyCount(now);
+    if (ready > 0) cv_.SignalAll();
+    int missing = ready - idle_relays_;
+    for (; missing > 0; --missing) {
+      ++idle_relays_;  // It counts as idle until it takes a node.
+      relays_.emplace_back([this](std::stop_token st) {
+        pthread_setname_np(pthread_self(), "sp-relay");
+        RelayWorker(st);
+      });
+    }
+    // Wake at the next fence deadline or end of a refusal's pause, or
+    // sooner when one comes nearer (a grant makes a node work) or a node
+    // has an update and no idle worker.
+    const absl::Time next = NextRelayDeadline(now);
+    clock_->AwaitWithDeadline(
+        &mu_, &cv_, next, stop,
+        [this, next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          const absl::Time t = clock_->Now();
+          return ReadyCount(t) > idle_relays_ || NextRelayDeadline(t) < next;
+        });
+  }
+}
+
+absl::Time NodeManager::NextRelayDeadline(absl::Time now) const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& slot : slots_) {
+    // Once the empty range is queued the fence is done: its deadline no
+    // longer wakes anyone (a node still inside a late call would).
+    if (NeedsFence(*slot) && renewed_at_ != absl::InfinitePast()) {
+      next = std::min(next, FenceDeadline());
+    }
+    if (!slot->queue.empty() && !slot->in_call && slot->retry_at > now) {
+      next = std::min(next, slot->retry_at);
+    }
+  }
+  return next;
+}
+
+void NodeManager::RelayWorker(std::stop_token stop) {
   const Context ctx(nodes_stop_.get_token(), clock_);
   while (true) {
     ShardAssignment next;
     Context call_ctx = ctx;
+    Slot* picked = nullptr;
     {
       MutexLock l(&mu_);
-      // Wait for work; while the node works, also for its fence deadline,
-      // so it stops on time whatever the protocol thread is blocked on.
+      // Take the first node with an update waiting (idle until then).
       while (true) {
-        if (stop.stop_requested()) return;
-        absl::Time now = clock_->Now();
-        const bool fence_due = Working(slot) &&
-                               renewed_at_ != absl::InfinitePast() &&
-                               now >= FenceDeadline();
-        if (now < slot.retry_at && !fence_due) {
-          // The node refused its last update: ask again after a pause, or
-          // at the fence deadline if that comes first.
-          absl::Time until = slot.retry_at;
-          if (Working(slot) && renewed_at_ != absl::InfinitePast()) {
-            until = std::min(until, FenceDeadline());
-          }
-          clock_->AwaitWithDeadline(&mu_, &cv_, until, stop,
-                                    [] { return false; });
-          continue;
+        if (stop.stop_requested()) {
+          --idle_relays_;
+          return;
         }
-        if (fence_due) Fence(slot, "lease not renewed in time");
-        if (!slot.queue.empty()) break;
-        absl::Time until =
-            Working(slot) ? FenceDeadline() : absl::InfiniteFuture();
-        clock_->AwaitWithDeadline(&mu_, &cv_, until, stop,
-                                  [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                    return !slot.queue.empty();
-                                  });
+        absl::Time now = clock_->Now();
+        for (auto& slot : slots_) {
+          if (Ready(*slot, now)) {
+            picked = slot.get();
+            break;
+          }
+        }
+        if (picked != nullptr) break;
+        cv_.Wait(&mu_, stop, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return ReadyCount(clock_->Now()) > 0;
+        });
+      }
+      --idle_relays_;
+      Slot& slot = *picked;
+      // A fence that came due supersedes what was queued.
+      if (FenceDue(slot, clock_->Now())) {
+        Fence(slot, "lease not renewed in time");
       }
       next = slot.queue.front();
       slot.in_call = true;
@@ -906,6 +977,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
                      ? ctx.WithDeadline(renewed_at_ + options_.lease)
                      : ctx;
     }
+    Slot& slot = *picked;
     bool threw = false;
     absl::Status status;
     const auto call_start = std::chrono::steady_clock::now();
@@ -930,6 +1002,7 @@ void NodeManager::RelayLoop(Slot& slot, std::stop_token stop) {
                           slot.info.id, next.range);
     }
     MutexLock l(&mu_);
+    ++idle_relays_;
     slot.in_call = false;
     slot.queue.pop_front();
     if (!threw && !status.ok()) {

@@ -21,9 +21,10 @@
 // only when the registry grants shards nobody else holds, with a new fencing
 // token, and only then hears about them. A node whose renewals fail stops
 // working (empty range) by `last renewal sent + lease - fence_margin` on the
-// monotonic clock, before the registry can let anyone else in: each node's
-// relay thread fences it at that deadline on its own, whatever the protocol
-// thread is blocked on, and every registry call is bounded by the time left.
+// monotonic clock, before the registry can let anyone else in: the relay
+// timer fences it at that deadline on its own, whatever the protocol thread
+// or other nodes' calls are blocked on, and every registry call is bounded
+// by the time left.
 // A node whose record in the registry is not exactly what it holds (range
 // and token) stops at once. When the registry's state is new (a Redis
 // restart, empty or from an older snapshot), every node stops and no grant
@@ -40,9 +41,10 @@
 //
 // Thread safety: Start and Stop belong to the owner thread (Stop may be
 // called from a signal-watching thread); Nodes() and stats() from any
-// thread. Threads: "sp-registry" (the protocol), per node "sp-node" (Run)
-// and "sp-relay" (UpdateShardRange, in order, and the node's own fence
-// deadline).
+// thread. Threads: "sp-registry" (the protocol), per node "sp-node" (Run),
+// "sp-relay-timer" (every node's fence deadline) and "sp-relay" workers
+// (UpdateShardRange, in order per node), as many as calls were ever blocked
+// at once, plus one.
 #ifndef SETPOINT_NODE_NODE_MANAGER_H_
 #define SETPOINT_NODE_NODE_MANAGER_H_
 
@@ -266,7 +268,24 @@ class NodeManager {
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes one nudge token if there is one (refilling first).
   bool TakeNudgeToken(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RelayLoop(Slot& slot, std::stop_token stop);
+  // The relays: one timer thread fences nodes at their deadline and starts
+  // a worker whenever a node has an update and no worker is idle; workers
+  // run UpdateShardRange, one call per node at a time, in order. So a pod
+  // has as many relay threads as it ever had calls blocked at once, plus
+  // one, not one per node.
+  void RelayTimer(std::stop_token stop);
+  void RelayWorker(std::stop_token stop);
+  // The node works and its fence deadline passed.
+  bool FenceDue(const Slot& slot, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node has an update to deliver now and no call running.
+  bool Ready(const Slot& slot, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int ReadyCount(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The earliest fence deadline of a working node or end of a refusal's
+  // pause.
+  absl::Time NextRelayDeadline(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLoop(Slot& slot, std::stop_token stop);
   void GracefulLeave();
   void Wake(const ChangeNotice& notice);
@@ -337,6 +356,10 @@ class NodeManager {
   int64_t listener_ = 0;  // Our change listener in the registry.
   std::atomic<std::thread::id> loop_id_{};  // The protocol thread.
   std::stop_source nodes_stop_;
+  // Relay workers not inside UpdateShardRange (counting those starting).
+  int idle_relays_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::jthread> relays_ ABSL_GUARDED_BY(mu_);
+  std::jthread relay_timer_;
   std::jthread loop_;
 };
 
