@@ -758,7 +758,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
   const int nodes = static_cast<int>(state.range(0));
   const int updaters = static_cast<int>(state.range(1));
   NoopRecordClient client;
-  int64_t added = 0;
+  int64_t added = 0, at_ready = 0;
   for (auto _ : state) {
     setpoint::InMemoryNodeRegistry registry;
     setpoint::ControllerKind kind{
@@ -804,7 +804,21 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
         },
         absl::Seconds(60));
     state.PauseTiming();
-    added = ProcessThreads() - before;
+    at_ready = ProcessThreads() - before;
+    // Settled: relay workers started for the first grants' burst leave
+    // after idling (1 s); wait until the count stops falling for 1.5 s.
+    int64_t last = at_ready;
+    auto still = std::chrono::steady_clock::now();
+    const auto give_up = still + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < give_up &&
+           std::chrono::steady_clock::now() - still <
+               std::chrono::milliseconds(1500)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const int64_t now = ProcessThreads() - before;
+      if (now < last) still = std::chrono::steady_clock::now();
+      last = now;
+    }
+    added = last;
     pod.Stop();
     state.ResumeTiming();
     if (!owned) {
@@ -812,6 +826,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
       return;
     }
   }
+  state.counters["threads_at_ready"] = static_cast<double>(at_ready);
   state.counters["threads"] = static_cast<double>(added);
   state.counters["threads_per_node"] = static_cast<double>(added) / nodes;
 }

@@ -46,8 +46,10 @@ struct NodeManager::Slot {
   // state is new): the empty range was queued, and the node waits for a
   // renewal in time before it may be granted anything again.
   bool lease_fenced = false;
-  // The relay is inside UpdateShardRange with queue.front().
+  // The relay is inside UpdateShardRange with queue.front(), since
+  // call_started.
   bool in_call = false;
+  absl::Time call_started = absl::InfinitePast();
   // The node refused its last update: the relay waits until then.
   absl::Time retry_at = absl::InfinitePast();
   // The node refused its last update and has not returned OK since: what
@@ -59,6 +61,13 @@ struct NodeManager::Slot {
 };
 
 namespace {
+
+// Relay workers started at once when updates wait; past that, one more
+// only when every worker has been inside UpdateShardRange this long.
+constexpr int kRelays = 4;
+constexpr absl::Duration kRelayStuck = absl::Milliseconds(20);
+// ...and those beyond kRelays leave after idling this long.
+constexpr absl::Duration kRelayIdle = absl::Seconds(1);
 
 absl::Status Invalid(std::string_view field, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(
@@ -271,8 +280,11 @@ void NodeManager::Stop() {
   {
     // The timer no longer adds workers.
     MutexLock l(&mu_);
-    relays = std::move(relays_);
-    for (auto& r : relays) r.request_stop();
+    for (auto& [id, r] : relays_) {
+      r.request_stop();
+      relays.push_back(std::move(r));
+    }
+    relays_.clear();
     cv_.SignalAll();
   }
   for (auto& slot : slots_) {
@@ -896,30 +908,68 @@ void NodeManager::RelayTimer(std::stop_token stop) {
     for (auto& slot : slots_) {
       if (FenceDue(*slot, now)) Fence(*slot, "lease not renewed in time");
     }
-    // A worker for every node that has an update waiting, so that one
-    // node's UpdateShardRange that blocks never delays another's (idle
-    // ones first: a pause that ended wakes nobody else).
-    const int ready = ReadyCount(now);
-    if (ready > 0) cv_.SignalAll();
-    int missing = ready - idle_relays_;
-    for (; missing > 0; --missing) {
+    // Workers for the nodes that have an update waiting (idle ones first:
+    // a pause that ended wakes nobody else): up to kRelays at once, and
+    // one more whenever every worker has been inside its call for
+    // kRelayStuck, so that a node whose UpdateShardRange blocks never
+    // delays another's update or fence for longer than that.
+    if (ReadyCount(now) > 0) cv_.SignalAll();
+    for (int missing = RelaysToStart(now); missing > 0; --missing) {
       ++idle_relays_;  // It counts as idle until it takes a node.
-      relays_.emplace_back([this](std::stop_token st) {
-        pthread_setname_np(pthread_self(), "sp-relay");
-        RelayWorker(st);
-      });
+      const int64_t id = next_relay_++;
+      relays_.emplace(id, std::jthread([this, id](std::stop_token st) {
+                        pthread_setname_np(pthread_self(), "sp-relay");
+                        RelayWorker(id, st);
+                      }));
+    }
+    if (!retired_relays_.empty()) {
+      // Workers that left after idling: join them without the lock.
+      std::vector<std::jthread> done;
+      for (int64_t id : retired_relays_) {
+        auto it = relays_.find(id);
+        if (it == relays_.end()) continue;
+        done.push_back(std::move(it->second));
+        relays_.erase(it);
+      }
+      retired_relays_.clear();
+      mu_.Unlock();
+      for (auto& t : done) t.join();
+      mu_.Lock();
+      continue;
     }
     // Wake at the next fence deadline or end of a refusal's pause, or
     // sooner when one comes nearer (a grant makes a node work) or a node
     // has an update and no idle worker.
-    const absl::Time next = NextRelayDeadline(now);
+    absl::Time next = NextRelayDeadline(now);
+    if (ReadyCount(now) > idle_relays_) {
+      // Look again when every running call counts as stuck.
+      absl::Time all_stuck = absl::InfinitePast();
+      for (const auto& slot : slots_) {
+        if (slot->in_call) {
+          all_stuck = std::max(all_stuck, slot->call_started + kRelayStuck);
+        }
+      }
+      if (all_stuck > now) next = std::min(next, all_stuck);
+    }
     clock_->AwaitWithDeadline(
         &mu_, &cv_, next, stop,
         [this, next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           const absl::Time t = clock_->Now();
-          return ReadyCount(t) > idle_relays_ || NextRelayDeadline(t) < next;
+          return RelaysToStart(t) > 0 || NextRelayDeadline(t) < next;
         });
   }
+}
+
+int NodeManager::RelaysToStart(absl::Time now) const {
+  const int missing = ReadyCount(now) - idle_relays_;
+  if (missing <= 0) return 0;
+  const int workers = static_cast<int>(relays_.size() - retired_relays_.size());
+  if (workers < kRelays) return std::min(missing, kRelays - workers);
+  // All busy: one more once every running call has lasted kRelayStuck.
+  for (const auto& slot : slots_) {
+    if (slot->in_call && now - slot->call_started < kRelayStuck) return 0;
+  }
+  return 1;
 }
 
 absl::Time NodeManager::NextRelayDeadline(absl::Time now) const {
@@ -937,7 +987,7 @@ absl::Time NodeManager::NextRelayDeadline(absl::Time now) const {
   return next;
 }
 
-void NodeManager::RelayWorker(std::stop_token stop) {
+void NodeManager::RelayWorker(int64_t id, std::stop_token stop) {
   const Context ctx(nodes_stop_.get_token(), clock_);
   while (true) {
     ShardAssignment next;
@@ -945,6 +995,7 @@ void NodeManager::RelayWorker(std::stop_token stop) {
     Slot* picked = nullptr;
     {
       MutexLock l(&mu_);
+      absl::Time idle_until = clock_->Now() + kRelayIdle;
       // Take the first node with an update waiting (idle until then).
       while (true) {
         if (stop.stop_requested()) {
@@ -959,9 +1010,21 @@ void NodeManager::RelayWorker(std::stop_token stop) {
           }
         }
         if (picked != nullptr) break;
-        cv_.Wait(&mu_, stop, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return ReadyCount(clock_->Now()) > 0;
-        });
+        // Past kRelays, a worker that idled for kRelayIdle leaves.
+        if (now >= idle_until) {
+          if (relays_.size() - retired_relays_.size() >
+              static_cast<size_t>(kRelays)) {
+            --idle_relays_;
+            retired_relays_.push_back(id);
+            cv_.SignalAll();  // The timer joins it.
+            return;
+          }
+          idle_until = now + kRelayIdle;
+        }
+        clock_->AwaitWithDeadline(&mu_, &cv_, idle_until, stop,
+                                  [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                    return ReadyCount(clock_->Now()) > 0;
+                                  });
       }
       --idle_relays_;
       Slot& slot = *picked;
@@ -971,6 +1034,7 @@ void NodeManager::RelayWorker(std::stop_token stop) {
       }
       next = slot.queue.front();
       slot.in_call = true;
+      slot.call_started = clock_->Now();
       // The node's right to work ends with the lease unless renewed: its
       // update may not take longer than that.
       call_ctx = renewed_at_ != absl::InfinitePast()

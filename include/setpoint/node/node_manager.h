@@ -43,8 +43,8 @@
 // called from a signal-watching thread); Nodes() and stats() from any
 // thread. Threads: "sp-registry" (the protocol), per node "sp-node" (Run),
 // "sp-relay-timer" (every node's fence deadline) and "sp-relay" workers
-// (UpdateShardRange, in order per node), as many as calls were ever blocked
-// at once, plus one.
+// (UpdateShardRange, in order per node): up to 4, plus one for each call
+// that stayed blocked (20 ms) while the others were busy.
 #ifndef SETPOINT_NODE_NODE_MANAGER_H_
 #define SETPOINT_NODE_NODE_MANAGER_H_
 
@@ -269,12 +269,13 @@ class NodeManager {
   // Takes one nudge token if there is one (refilling first).
   bool TakeNudgeToken(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The relays: one timer thread fences nodes at their deadline and starts
-  // a worker whenever a node has an update and no worker is idle; workers
-  // run UpdateShardRange, one call per node at a time, in order. So a pod
-  // has as many relay threads as it ever had calls blocked at once, plus
-  // one, not one per node.
+  // workers for nodes with an update waiting: up to 4 at once, then one
+  // more whenever every worker has been inside its call for 20 ms; those
+  // beyond 4 leave after idling 1 s. Workers run UpdateShardRange, one call
+  // per node at a time, in order. So a settled pod has 4 relay workers, not
+  // one per node.
   void RelayTimer(std::stop_token stop);
-  void RelayWorker(std::stop_token stop);
+  void RelayWorker(int64_t id, std::stop_token stop);
   // The node works and its fence deadline passed.
   bool FenceDue(const Slot& slot, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -282,6 +283,8 @@ class NodeManager {
   bool Ready(const Slot& slot, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ReadyCount(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many relay workers the timer should start now.
+  int RelaysToStart(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The earliest fence deadline of a working node or end of a refusal's
   // pause.
   absl::Time NextRelayDeadline(absl::Time now) const
@@ -358,7 +361,10 @@ class NodeManager {
   std::stop_source nodes_stop_;
   // Relay workers not inside UpdateShardRange (counting those starting).
   int idle_relays_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::jthread> relays_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::jthread> relays_ ABSL_GUARDED_BY(mu_);
+  int64_t next_relay_ ABSL_GUARDED_BY(mu_) = 0;
+  // Workers that left after idling, for the timer to join.
+  std::vector<int64_t> retired_relays_ ABSL_GUARDED_BY(mu_);
   std::jthread relay_timer_;
   std::jthread loop_;
 };
