@@ -317,8 +317,11 @@ void NodeManager::Wake(const ChangeNotice& notice) {
       for (const ShardRange& want : it->second) {
         for (const ShardRange& f : freed) {
           if (!want.Intersect(f).Empty()) {
+            // Within the nudge rate limit, like a poll: a flood of such
+            // messages is a bounded number of handoffs.
             ++stats_.grant_retries;
-            wake_ = true;
+            grant_retry_ = true;
+            nudge_arrived_ = true;
             cv_.SignalAll();
             return;
           }
@@ -431,6 +434,14 @@ void NodeManager::Loop(std::stop_token stop) {
           ++stats_.nudges_deferred;
         }
       }
+      if (grant_retry_) {
+        if (TakeNudgeToken(now)) {
+          grant_retry_ = false;
+          wake_ = true;
+        } else if (nudge_arrived_) {
+          ++stats_.nudges_deferred;
+        }
+      }
       nudge_arrived_ = false;
       if (now >= next_poll_ ||
           (grants_at_ != absl::InfinitePast() && now >= grants_at_)) {
@@ -450,7 +461,7 @@ void NodeManager::Loop(std::stop_token stop) {
       // Wake in time to fence if renewals keep failing (the relays fence
       // on their own too).
       if (working) next = std::min(next, FenceDeadline());
-      if (nudged_) {
+      if (nudged_ || grant_retry_) {
         next =
             std::min(next, nudge_refilled_ + (1 - nudge_tokens_) *
                                                  (options_.poll_interval / 10));
@@ -486,6 +497,8 @@ void NodeManager::Tick() {
     }
     poll = poll_needed_ || !last_view_.has_value();
     poll_needed_ = false;
+    // Every tick tries the grants that wait, so it answers a retry too.
+    grant_retry_ = false;
     if (poll) {
       // This poll answers every announcement so far.
       nudged_ = false;

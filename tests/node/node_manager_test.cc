@@ -591,6 +591,45 @@ TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
   EXPECT_TRUE(Balanced({&a}, 2));
 }
 
+TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
+  // Someone else holds the whole ring, so both of a's grants are refused
+  // and wait; every notice that frees shards of them asks again.
+  Context ctx = Context::Background(&clock_);
+  auto keep_x = [&] {
+    return registry_.Poll(
+        ctx, {.kinds = {{"vm", {"x/vm/0"}}}, .lease = absl::Seconds(3)});
+  };
+  ASSERT_THAT(keep_x().status(), IsOk());
+  clock_.AdvanceTime(absl::Seconds(4));  // Past the new epoch's grace.
+  auto view = keep_x();
+  ASSERT_THAT(view.status(), IsOk());
+  ASSERT_THAT(
+      registry_.Grant(ctx, "vm", "x/vm/0", {0, kRing}, view->epoch).status(),
+      IsOk());
+  NodeManager& a = StartPod("a", &faulty_);
+  ASSERT_TRUE(AwaitCondition([&] { return a.stats().grant_conflicts >= 2; }));
+  Settle();
+  const int64_t conflicts = a.stats().grant_conflicts;
+  faulty_.AnnounceFreed("vm", {{0, kRing}}, 10000);
+  Settle();
+  for (int i = 0; i < 50; ++i) {  // One at a time, each looked at alone.
+    faulty_.AnnounceFreed("vm", {{0, 1}}, 1);
+    Settle();
+  }
+  // Heard every one, asked again only within the nudge burst (4), two
+  // grants per handoff; none granted, x still holds everything.
+  EXPECT_EQ(a.stats().grant_retries, 10050);
+  EXPECT_LE(a.stats().grant_conflicts - conflicts, 2 * 4);
+  EXPECT_GE(a.stats().grant_conflicts - conflicts, 2);
+  // Notices of shards nobody here waits for are ignored.
+  faulty_.AnnounceFreed("other", {{0, kRing}}, 100);
+  faulty_.AnnounceFreed("vm", {{kRing, kRing + 10}}, 100);
+  Settle();
+  EXPECT_EQ(a.stats().grant_retries, 10050);
+  for (const NodeState& n : a.Nodes()) EXPECT_TRUE(n.active.range.Empty());
+  ASSERT_THAT(keep_x().status(), IsOk());
+}
+
 // ---- Drain -------------------------------------------------------------
 
 TEST_F(NodeManagerTest, DrainedPodHandsEveryShardOverAndUndrainGivesThemBack) {

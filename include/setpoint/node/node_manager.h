@@ -178,8 +178,9 @@ struct NodeManagerStats {
   int64_t nudges = 0;             // Change announcements received.
   int64_t nudges_deferred = 0;    // ...that had to wait for the rate limit.
   // Announcements that releases freed shards a refused grant waits for:
-  // the grant is asked for again at once, without a poll (announcements
-  // of releases that free nothing we wait for are ignored).
+  // the grant is asked for again without a poll, within the nudge rate
+  // limit (announcements of releases that free nothing we wait for are
+  // ignored).
   int64_t grant_retries = 0;
   // Not a counter: the last poll found this pod drained, so its nodes give
   // up their shards and stay idle until undrained.
@@ -326,6 +327,9 @@ class NodeManager {
   // A change announcement waits for a nudge token.
   bool nudged_ ABSL_GUARDED_BY(mu_) = false;
   bool nudge_arrived_ ABSL_GUARDED_BY(mu_) = false;  // Since the last look.
+  // A release freed shards a refused grant waits for: ask again (without a
+  // poll) once a nudge token allows.
+  bool grant_retry_ ABSL_GUARDED_BY(mu_) = false;
   double nudge_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time nudge_refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // When the interval asks for the next poll.

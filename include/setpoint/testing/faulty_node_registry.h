@@ -47,15 +47,14 @@ class FaultyNodeRegistry : public NodeRegistry {
   int hanging() const { return hanging_.load(); }
   // Runs every listener added through this wrapper `n` times, from the
   // calling thread, as a flood of change announcements would.
-  void Announce(int n) {
-    std::vector<std::function<void()>> copy;
-    {
-      std::lock_guard<std::mutex> l(hang_mu_);
-      for (auto& [id, f] : listeners_) copy.push_back(f);
-    }
-    for (int i = 0; i < n; ++i) {
-      for (auto& f : copy) f();
-    }
+  void Announce(int n) { AnnounceNotice(ChangeNotice{}, n); }
+  // The same with announcements that releases freed `freed` of `kind`, as
+  // a flood of such messages would.
+  void AnnounceFreed(const std::string& kind, std::vector<ShardRange> freed,
+                     int n) {
+    ChangeNotice notice{.membership = false, .freed = {}};
+    notice.freed[kind] = std::move(freed);
+    AnnounceNotice(notice, n);
   }
   // The next `n` grants that succeed take effect in the wrapped registry
   // but report kDeadlineExceeded, as when a reply is lost after Redis ran
@@ -120,14 +119,14 @@ class FaultyNodeRegistry : public NodeRegistry {
   int64_t AddChangeListener(std::function<void()> listener) override {
     int64_t id = base_->AddChangeListener(listener);
     std::lock_guard<std::mutex> l(hang_mu_);
-    listeners_[id] = std::move(listener);
+    listeners_[id] = [listener](const ChangeNotice&) { listener(); };
     return id;
   }
   int64_t AddNoticeListener(
       std::function<void(const ChangeNotice&)> listener) override {
     int64_t id = base_->AddNoticeListener(listener);
     std::lock_guard<std::mutex> l(hang_mu_);
-    listeners_[id] = [listener] { listener(ChangeNotice{}); };
+    listeners_[id] = std::move(listener);
     return id;
   }
   void RemoveChangeListener(int64_t id) override {
@@ -162,6 +161,17 @@ class FaultyNodeRegistry : public NodeRegistry {
                                   ": injected fault (registry unreachable)");
   }
 
+  void AnnounceNotice(const ChangeNotice& notice, int n) {
+    std::vector<std::function<void(const ChangeNotice&)>> copy;
+    {
+      std::lock_guard<std::mutex> l(hang_mu_);
+      for (auto& [id, f] : listeners_) copy.push_back(f);
+    }
+    for (int i = 0; i < n; ++i) {
+      for (auto& f : copy) f(notice);
+    }
+  }
+
   bool ExecuteButFail() {
     int n = lose_grant_replies_.load();
     while (n > 0 && !lose_grant_replies_.compare_exchange_weak(n, n - 1)) {
@@ -178,7 +188,8 @@ class FaultyNodeRegistry : public NodeRegistry {
   std::condition_variable hang_cv_;
   bool hang_ = false;  // Guarded by hang_mu_.
   std::atomic<int> hanging_{0};
-  std::map<int64_t, std::function<void()>> listeners_;  // By hang_mu_.
+  std::map<int64_t, std::function<void(const ChangeNotice&)>>
+      listeners_;  // By hang_mu_.
 };
 
 }  // namespace setpoint::testing
