@@ -426,18 +426,14 @@ void NodeManager::Loop(std::stop_token stop) {
     last_tick_ = clock_->Now();
     while (true) {
       absl::Time now = clock_->Now();
-      if (nudged_) {
+      // One token per look, whether it polls (a membership change) or only
+      // asks again for grants (freed shards): a poll's tick retries them too.
+      if (nudged_ || grant_retry_) {
         if (TakeNudgeToken(now)) {
+          if (nudged_) poll_needed_ = true;
+          wake_ = wake_ || grant_retry_;
           nudged_ = false;
-          poll_needed_ = true;
-        } else if (nudge_arrived_) {
-          ++stats_.nudges_deferred;
-        }
-      }
-      if (grant_retry_) {
-        if (TakeNudgeToken(now)) {
           grant_retry_ = false;
-          wake_ = true;
         } else if (nudge_arrived_) {
           ++stats_.nudges_deferred;
         }
