@@ -470,17 +470,17 @@ class HandWired {
       auto filter = [fast] {
         return fast ? FastRangeFilter(kWholeRing) : RangeFilter(kWholeRing);
       };
-      observed_source_.SetFilter(filter());
-      desired_source_.SetFilter(filter());
+      observed_source_.Rescope(filter());
+      desired_source_.Rescope(filter());
       if (scope == Scope::kController || scope == Scope::kFast) {
-        syncer_.Reset(filter());
+        syncer_.Rescope(filter());
       }
       syncer_.SetCallValues(
           Context().WithValue(std::make_shared<const Assignment>(Assignment{
-              .node_id = "bench/ingest/0",
-              .kind = "ingest",
               .range = kWholeRing,
               .token = 1,
+              .node_id = "bench/ingest/0",
+              .kind = "ingest",
           })));
     }
     world->Attach(&runner_, &observed_);

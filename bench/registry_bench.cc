@@ -138,8 +138,7 @@ class BenchNode : public Node {
     (void)ctx.Wait(absl::InfiniteDuration());
     return absl::OkStatus();
   }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&, const Assignment& a) override {
     coverage_->Set(id_, a.range);
     return absl::OkStatus();
   }

@@ -360,10 +360,10 @@ TEST(PlannerSnippets, ManualMode) {
 setpoint::testing::SimulatedClock clock;
 setpoint::ReconcileLoop loop(plan, {.jitter = 0, .clock = &clock});
 const setpoint::Context ctx = setpoint::Context::Background(&clock);
-EXPECT_TRUE(loop.RunIfDue(ctx));   // the first execution runs at once
-EXPECT_FALSE(loop.RunIfDue(ctx));  // the next is due in 10 s
-clock.AdvanceTo(loop.NextRunTime());
-EXPECT_TRUE(loop.RunIfDue(ctx));
+EXPECT_TRUE(loop.RunUntilIdle(ctx));   // the first execution runs at once
+EXPECT_FALSE(loop.RunUntilIdle(ctx));  // the next is due in 10 s
+clock.AdvanceTo(loop.NextWakeTime());
+EXPECT_TRUE(loop.RunUntilIdle(ctx));
   // clang-format on
 }
 

@@ -20,7 +20,7 @@ class JobsNode : public setpoint::Node {
     return absl::OkStatus();
   }
   absl::Status UpdateShardRange(const setpoint::Context&,
-                                const setpoint::ShardAssignment&) override {
+                                const setpoint::Assignment&) override {
     return absl::OkStatus();
   }
 };

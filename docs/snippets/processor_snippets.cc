@@ -99,9 +99,9 @@ absl::Status RangeChangeSnippet(
     const setpoint::KeyFilter<std::string>& filter) {
   // clang-format off
 SETPOINT_RETURN_IF_ERROR(runner.PostAndWait(ctx, [&] {
-  syncer.Reset(filter);          // forgets keys outside, cancels their calls
+  syncer.Rescope(filter);          // forgets keys outside, cancels their calls
   syncer.SetCallValues(values);  // calls from now on carry the new assignment
-  poller.SetFilter(filter);      // the store forgets them too, and re-lists
+  poller.Rescope(filter);      // the store forgets them too, and re-lists
 }, "shard range change"));
 // Off the runner: wait until no call for a key that left still runs.
 SETPOINT_RETURN_IF_ERROR(syncer.AwaitCallsWithin(filter, ctx));

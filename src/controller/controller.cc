@@ -105,7 +105,7 @@ ReconcileLoopOptions PlanPiece::Adjust(ControllerRun* run,
 }
 
 absl::Status PlanPiece::Start() {
-  if (manual_) return absl::OkStatus();  // RunDue drives it.
+  if (manual_) return absl::OkStatus();  // RunUntilIdle drives it.
   return loop_.Start();
 }
 
@@ -141,17 +141,17 @@ Controller::Controller(NodeInfo info, ControllerBuildFn build,
     : info_(std::move(info)),
       build_(std::move(build)),
       options_(Defaults(info_, std::move(options))),
-      assignment_(MakeAssignment(ShardAssignment{})) {}
+      assignment_(MakeAssignment(Assignment{})) {}
 
 Controller::~Controller() { Stop(); }
 
 std::shared_ptr<const Assignment> Controller::MakeAssignment(
-    const ShardAssignment& a) const {
+    const Assignment& a) const {
   return std::make_shared<const Assignment>(Assignment{
-      .node_id = info_.id,
-      .kind = info_.kind,
       .range = a.range,
       .token = a.token,
+      .node_id = info_.id,
+      .kind = info_.kind,
       .ring_size = info_.ring_size,
   });
 }
@@ -279,7 +279,7 @@ void Controller::StopRun(internal::ControllerRun& run) {
 absl::Status Controller::Run(const Context& ctx) {
   if (options_.manual) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "controller ", info_.id, ": manual mode, use Start/RunUntilQuiet"));
+        "controller ", info_.id, ": manual mode, use Start/RunUntilIdle"));
   }
   {
     MutexLock l(&update_mu_);
@@ -293,7 +293,7 @@ absl::Status Controller::Run(const Context& ctx) {
 }
 
 absl::Status Controller::UpdateShardRange(const Context& ctx,
-                                          const ShardAssignment& assignment) {
+                                          const Assignment& assignment) {
   MutexLock l(&update_mu_);
   std::shared_ptr<const Assignment> a = MakeAssignment(assignment);
   {
@@ -374,14 +374,14 @@ absl::Status Controller::BuildAndStart() {
   return absl::OkStatus();
 }
 
-int64_t Controller::RunUntilQuiet() {
+int64_t Controller::RunUntilIdle() {
   MutexLock l(&update_mu_);
   if (run_ == nullptr || !options_.manual) return 0;
   const Context ctx = Context::Background(options_.clock);
   int64_t total = 0;
   while (true) {
     int64_t ran = run_->runner.RunUntilIdle();
-    for (auto& piece : run_->pieces) ran += piece->RunDue(ctx);
+    for (auto& piece : run_->pieces) ran += piece->RunUntilIdle(ctx);
     if (ran == 0) {
       run_->Beat();  // Manual mode: the status is published when quiet.
       return total;
@@ -393,9 +393,9 @@ int64_t Controller::RunUntilQuiet() {
 absl::Time Controller::NextWakeTime() const {
   MutexLock l(&update_mu_);
   if (run_ == nullptr) return absl::InfiniteFuture();
-  absl::Time next = run_->runner.NextTimerTime();
+  absl::Time next = run_->runner.NextWakeTime();
   for (const auto& piece : run_->pieces)
-    next = std::min(next, piece->NextDue());
+    next = std::min(next, piece->NextWakeTime());
   return next;
 }
 

@@ -33,9 +33,9 @@ struct NodeManager::Slot {
   NodeInfo info;
   std::unique_ptr<Node> node;
   // Last assignment UpdateShardRange returned from.
-  ShardAssignment active;
+  Assignment active;
   // Assignments waiting for the relay; the front one may be running.
-  std::deque<ShardAssignment> queue;
+  std::deque<Assignment> queue;
   // Included in polls (false while a failed node waits to restart).
   bool registered = true;
   // Run failed: being fenced and deregistered before the restart.
@@ -603,7 +603,7 @@ void NodeManager::Tick() {
         } else if (slot->lease_fenced && slot->queue.empty()) {
           // The node refused the empty range: ask again (the relay waits
           // out its pause first).
-          slot->queue.push_back(ShardAssignment{});
+          slot->queue.push_back(Assignment{});
           cv_.SignalAll();
         }
         fencing = fencing || slot->lease_fenced;
@@ -684,7 +684,7 @@ void NodeManager::Fence(Slot& slot, const char* why) {
   } else {
     slot.queue.clear();
   }
-  slot.queue.push_back(ShardAssignment{});
+  slot.queue.push_back(Assignment{});
   if (!slot.lease_fenced) {  // Not again for a node that refused it.
     ++stats_.fences;
     SPDLOG_LOGGER_WARN(logger_,
@@ -699,10 +699,10 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
                                                    ShardRange target) {
   const std::string& id = slot.info.id;
   auto held_it = view.held.find(id);
-  std::optional<ShardAssignment> held;
+  std::optional<Assignment> held;
   if (held_it != view.held.end()) held = held_it->second;
 
-  ShardAssignment active;
+  Assignment active;
   bool failed;
   {
     MutexLock l(&mu_);
@@ -733,14 +733,13 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
     // 0. A refused change is asked for again, towards the target, until
     //    the node confirms one (even if the target moved back meanwhile).
     if (slot.unconfirmed) {
-      Deliver(slot,
-              ShardAssignment{active.range.Intersect(target), active.token});
+      Deliver(slot, Assignment{active.range.Intersect(target), active.token});
       return std::nullopt;
     }
     // 1. Shrink first: the node stops outside the target before anything
     //    is published.
     if (!target.Covers(active.range)) {
-      ShardAssignment smaller{active.range.Intersect(target), active.token};
+      Assignment smaller{active.range.Intersect(target), active.token};
       SPDLOG_LOGGER_INFO(logger_, "shard range shrinking node={} from={} to={}",
                          id, active.range, smaller.range);
       Deliver(slot, smaller);
@@ -827,7 +826,7 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     KindView& view = *m->view;
     const std::string& id = slot.info.id;
     if (m->release.has_value()) {
-      const ShardAssignment& active = *m->release;
+      const Assignment& active = *m->release;
       const absl::Status& s = result->releases[next_release++];
       CountError("release", s);
       MutexLock l(&mu_);
@@ -862,12 +861,12 @@ void NodeManager::Apply(std::vector<Move>& moves) {
         auto& wants = wants_[slot.info.kind];
         wants.erase(std::remove(wants.begin(), wants.end(), target),
                     wants.end());
-        view.held[id] = ShardAssignment{target, *token};
+        view.held[id] = Assignment{target, *token};
         ++stats_.grants;
         SPDLOG_LOGGER_INFO(logger_,
                            "shard range granted node={} range={} token={}", id,
                            target, *token);
-        Deliver(slot, ShardAssignment{target, *token});
+        Deliver(slot, Assignment{target, *token});
       } else if (absl::IsAborted(token.status())) {
         ++stats_.grant_conflicts;
         SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
@@ -883,7 +882,7 @@ void NodeManager::Apply(std::vector<Move>& moves) {
   }
 }
 
-void NodeManager::Deliver(Slot& slot, ShardAssignment assignment) {
+void NodeManager::Deliver(Slot& slot, Assignment assignment) {
   slot.queue.push_back(assignment);
   cv_.SignalAll();
 }
@@ -999,7 +998,7 @@ absl::Time NodeManager::NextRelayDeadline(absl::Time now) const {
 void NodeManager::RelayWorker(int64_t id, std::stop_token stop) {
   const Context ctx(nodes_stop_.get_token(), clock_);
   while (true) {
-    ShardAssignment next;
+    Assignment next;
     Context call_ctx = ctx;
     Slot* picked = nullptr;
     {
@@ -1170,7 +1169,7 @@ void NodeManager::GracefulLeave() {
       bool working =
           !slot->active.range.Empty() ||
           (!slot->queue.empty() && !slot->queue.back().range.Empty());
-      if (working) Deliver(*slot, ShardAssignment{});
+      if (working) Deliver(*slot, Assignment{});
     }
     absl::Time deadline = clock_->Now() + options_.operation_timeout;
     clock_->AwaitWithDeadline(&mu_, &cv_, deadline, {},
@@ -1392,7 +1391,7 @@ std::vector<std::string> NodeManager::Readiness(
 std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
   struct Row {
     NodeInfo info;
-    ShardAssignment active;
+    Assignment active;
     bool registered, running;
     int restarts;
     const Node* node;

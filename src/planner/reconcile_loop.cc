@@ -120,7 +120,7 @@ ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
       options_status_(ValidateReconcileLoopOptions(options_)),
       scheduler_(options_.scheduler),
       // A null clock is refused (options_status_); nothing runs then, but
-      // NextRunTime() still reads a clock.
+      // NextWakeTime() still reads a clock.
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       logger_(options_.logger.get()),
       paused_(options_.start_paused),
@@ -222,9 +222,9 @@ ReconcileLoopStats ReconcileLoop::stats() const {
   return stats_;
 }
 
-absl::Time ReconcileLoop::NextRunTime() const {
+absl::Time ReconcileLoop::NextWakeTime() const {
   MutexLock l(&mu_);
-  return NextRunTimeLocked();
+  return NextWakeTimeLocked();
 }
 
 absl::Duration ReconcileLoop::NextWaitLocked(Outcome outcome) {
@@ -249,7 +249,7 @@ bool ReconcileLoop::GateOpen() {
   return false;
 }
 
-absl::Time ReconcileLoop::NextRunTimeLocked() const {
+absl::Time ReconcileLoop::NextWakeTimeLocked() const {
   if (paused_) return absl::InfiniteFuture();
   if (triggered_) return absl::InfinitePast();
   if (next_ == absl::InfiniteFuture()) return next_;
@@ -258,7 +258,7 @@ absl::Time ReconcileLoop::NextRunTimeLocked() const {
 }
 
 bool ReconcileLoop::ClaimIfDueLocked() {
-  if (executing_ || NextRunTimeLocked() != absl::InfinitePast()) return false;
+  if (executing_ || NextWakeTimeLocked() != absl::InfinitePast()) return false;
   // A trigger that arrives while this execution runs leads to another.
   triggered_ = false;
   executing_ = true;
@@ -383,7 +383,7 @@ bool ReconcileLoop::RunClaimed(const Context& ctx) {
   return true;
 }
 
-bool ReconcileLoop::RunIfDue(const Context& ctx) {
+bool ReconcileLoop::RunUntilIdle(const Context& ctx) {
   if (!options_status_.ok()) return false;
   {
     MutexLock l(&mu_);
@@ -419,10 +419,10 @@ absl::Status ReconcileLoop::Run(const Context& ctx) {
       // The context's deadline, if any, ends the wait too. Pause() and
       // Resume() signal, so the wait follows them.
       clock_->AwaitWithDeadline(
-          &mu_, &cv_, std::min(NextRunTimeLocked(), ctx.deadline()),
+          &mu_, &cv_, std::min(NextWakeTimeLocked(), ctx.deadline()),
           ctx.stop_token(), [this] {
             mu_.AssertHeld();
-            return NextRunTimeLocked() == absl::InfinitePast();
+            return NextWakeTimeLocked() == absl::InfinitePast();
           });
       if (ctx.Done()) {
         running_ = false;

@@ -1147,7 +1147,7 @@ void Runner::Loop() {
   current_.store(std::thread::id{});
 }
 
-absl::Time Runner::NextTimerTime() const {
+absl::Time Runner::NextWakeTime() const {
   TimerHandle::Shared& s = *shared_;
   MutexLock l(&s.mu);
   absl::Time next =

@@ -87,7 +87,7 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
 absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
                                            const std::string& kind,
                                            const std::string& node_id,
-                                           ShardAssignment keep) {
+                                           Assignment keep) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
   const ShardRange range = keep.range;
   auto refuse = [&](const std::string& why) {
@@ -165,7 +165,7 @@ absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
       }
     }
     token = ++k.last_token;
-    k.held[node_id] = ShardAssignment{target, token};
+    k.held[node_id] = Assignment{target, token};
     ++version_;
   }
   // No announcement: nobody waits for a grant (as on Redis).
@@ -294,7 +294,7 @@ void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
 
 void InMemoryNodeRegistry::OverwriteHeld(const std::string& kind,
                                          const std::string& node_id,
-                                         ShardAssignment record) {
+                                         Assignment record) {
   {
     MutexLock l(&mu_);
     kinds_[kind].held[node_id] = record;

@@ -223,7 +223,7 @@ class LoggedController : public setpoint::Node {
     return inner_->Run(ctx);
   }
   absl::Status UpdateShardRange(const setpoint::Context& ctx,
-                                const setpoint::ShardAssignment& a) override {
+                                const setpoint::Assignment& a) override {
     Log(fd_, absl::StrCat("B ", id_, " ", a.range.begin, " ", a.range.end, " ",
                           a.token, " ", MonotonicNanos()));
     absl::Status s = inner_->UpdateShardRange(ctx, a);

@@ -539,7 +539,7 @@ TEST(ControllerTest, ThousandRandomRangeChangesNeverLetAnOldOwnerWrite) {
         h.controller().runner()->RunUntilIdle();
         break;
       case 1:
-        h.RunUntilQuiet();
+        h.RunUntilIdle();
         break;
       case 2:
         h.Advance(absl::Milliseconds(rng() % 120));

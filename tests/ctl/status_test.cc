@@ -17,8 +17,7 @@ using ::testing::Not;
 
 const absl::Time kNow = absl::FromUnixMillis(1'800'000'000'000);
 
-MemberDescription Member(const std::string& id,
-                         std::optional<ShardAssignment> held,
+MemberDescription Member(const std::string& id, std::optional<Assignment> held,
                          absl::Duration lease_left = absl::Seconds(2)) {
   return {.id = id, .lease_expiry = kNow + lease_left, .held = held};
 }
@@ -29,12 +28,12 @@ RegistryDescription Sample() {
   d.version = 7;
   d.server_time = kNow;
   d.grants_from = kNow - absl::Seconds(10);
-  d.kinds["vm"] = KindDescription{
-      .ring_size = 100,
-      .members = {Member("a/vm/0", ShardAssignment{{0, 50}, 11}),
-                  Member("b/vm/0", ShardAssignment{{60, 100}, 12}),
-                  Member("c/vm/0", std::nullopt)},
-      .last_token = 12};
+  d.kinds["vm"] =
+      KindDescription{.ring_size = 100,
+                      .members = {Member("a/vm/0", Assignment{{0, 50}, 11}),
+                                  Member("b/vm/0", Assignment{{60, 100}, 12}),
+                                  Member("c/vm/0", std::nullopt)},
+                      .last_token = 12};
   return d;
 }
 
@@ -86,7 +85,7 @@ TEST(StatusTest, DrainingThenDrainedAndEveryPodDrained) {
 TEST(StatusTest, ExpiredMembersHoldNothingAndOverlapsAreFlagged) {
   RegistryDescription d = Sample();
   d.kinds["vm"].members[1].lease_expiry = kNow - absl::Milliseconds(300);
-  d.kinds["vm"].members[2].held = ShardAssignment{{40, 55}, 13};
+  d.kinds["vm"].members[2].held = Assignment{{40, 55}, 13};
   Status s = BuildStatus(d);
   const KindRows& vm = s.kinds[0];
   EXPECT_EQ(vm.nodes[1].state, "expired");

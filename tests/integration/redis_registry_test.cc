@@ -102,9 +102,8 @@ TEST_F(RedisRegistryTest, SameProtocolAsInMemory) {
   EXPECT_GT(*t2, *t1);
   auto view = Poll(*r, {});
   ASSERT_THAT(view.status(), IsOk());
-  EXPECT_EQ(view->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t1}));
-  EXPECT_EQ(view->kinds["vm"].held["b/vm/0"],
-            (ShardAssignment{{50, 200}, *t2}));
+  EXPECT_EQ(view->kinds["vm"].held["a/vm/0"], (Assignment{{0, 50}, *t1}));
+  EXPECT_EQ(view->kinds["vm"].held["b/vm/0"], (Assignment{{50, 200}, *t2}));
   EXPECT_EQ(view->epoch, first->epoch);
   EXPECT_THAT(r->Grant(ctx_, "vm", "ghost", {300, 400}, epoch_).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -363,7 +362,7 @@ TEST_F(RedisRegistryTest, ReleaseUnderAnotherTokenIsRefused) {
       r->Release(ctx_, "vm", "a/vm/0", {{0, 5}, *t1}),
       StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("token")));
   auto v = Poll(*r, {"a/vm/0"});
-  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 20}, *t2}));
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"], (Assignment{{0, 20}, *t2}));
   // Releasing everything is always allowed: the node has stopped.
   ASSERT_THAT(r->Release(ctx_, "vm", "a/vm/0", {{0, 0}, 0}), IsOk());
   v = Poll(*r, {"a/vm/0"});
@@ -415,10 +414,10 @@ TEST_F(RedisRegistryTest, HandoffReleasesThenGrantsInOneRoundTrip) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   auto v = Poll(*r, {"a/vm/0", "a/vm/1", "b/vm/0"});
   ASSERT_THAT(v.status(), IsOk());
-  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t0}));
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"], (Assignment{{0, 50}, *t0}));
   EXPECT_EQ(v->kinds["vm"].held["a/vm/1"],
-            (ShardAssignment{{50, 100}, *result->grants[0]}));
-  EXPECT_EQ(v->kinds["vm"].held["b/vm/0"], (ShardAssignment{{100, 200}, *tb}));
+            (Assignment{{50, 100}, *result->grants[0]}));
+  EXPECT_EQ(v->kinds["vm"].held["b/vm/0"], (Assignment{{100, 200}, *tb}));
   // A grant from an older epoch's view is refused.
   auto stale = r->Handoff(
       ctx_, {.grants = {{"vm", "b/vm/0", {100, 300}}}, .epoch = "old"});
@@ -486,7 +485,7 @@ TEST_F(RedisRegistryTest, OwnHeldOnlyLeavesOutOthersRecords) {
   ASSERT_THAT(own.status(), IsOk());
   EXPECT_THAT(own->kinds["vm"].members, ElementsAre("a/vm/0", "b/vm/0"));
   ASSERT_EQ(own->kinds["vm"].held.size(), 1u);
-  EXPECT_EQ(own->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 10}, *ta}));
+  EXPECT_EQ(own->kinds["vm"].held["a/vm/0"], (Assignment{{0, 10}, *ta}));
   auto all = Poll(*r, {"a/vm/0"});
   ASSERT_THAT(all.status(), IsOk());
   EXPECT_EQ(all->kinds["vm"].held.size(), 2u);
@@ -608,7 +607,7 @@ TEST_F(RedisRegistryTest, DescribeReadsEverythingAndChangesNothing) {
   EXPECT_EQ(vm.last_token, *token);
   ASSERT_EQ(vm.members.size(), 2u);
   EXPECT_EQ(vm.members[0].id, "a/vm/0");
-  EXPECT_EQ(vm.members[0].held, (ShardAssignment{{0, 32}, *token}));
+  EXPECT_EQ(vm.members[0].held, (Assignment{{0, 32}, *token}));
   EXPECT_GT(vm.members[0].lease_expiry, d->server_time);
   EXPECT_LE(vm.members[0].lease_expiry, d->server_time + absl::Seconds(3));
   EXPECT_EQ(vm.members[1].id, "b/vm/0");
@@ -845,8 +844,7 @@ class FenceClock {
 class TimedNode : public QuietNode {
  public:
   TimedNode(int index, FenceClock* clock) : index_(index), clock_(clock) {}
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&, const Assignment& a) override {
     if (a.range.Empty()) clock_->Emptied(index_);
     return absl::OkStatus();
   }

@@ -40,8 +40,8 @@ constexpr uint32_t kRing = 64;
 // be working on, so a violation here is a real double owner.
 class OwnershipTracker {
  public:
-  void Begin(const std::string& node, const ShardAssignment& from,
-             const ShardAssignment& to) {
+  void Begin(const std::string& node, const Assignment& from,
+             const Assignment& to) {
     MutexLock l(&mu_);
     ++in_progress_;
     for (uint32_t s = to.range.begin; s < to.range.end; ++s) {
@@ -58,8 +58,8 @@ class OwnershipTracker {
       token_[s] = to.token;
     }
   }
-  void End(const std::string& node, const ShardAssignment& from,
-           const ShardAssignment& to) {
+  void End(const std::string& node, const Assignment& from,
+           const Assignment& to) {
     MutexLock l(&mu_);
     --in_progress_;
     for (uint32_t s = from.range.begin; s < from.range.end; ++s) {
@@ -108,10 +108,9 @@ class TestNode : public Node {
     cv.wait(l, ctx.stop_token(), [] { return false; });
     return absl::OkStatus();
   }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment& a) override {
+  absl::Status UpdateShardRange(const Context&, const Assignment& a) override {
     tracker_->Begin(id_, current_, a);
-    ShardAssignment from = current_;
+    Assignment from = current_;
     current_ = a;
     tracker_->End(id_, from, a);
     return absl::OkStatus();
@@ -120,8 +119,8 @@ class TestNode : public Node {
  private:
   const std::string id_;
   OwnershipTracker* tracker_;
-  ShardAssignment current_;  // Relay thread only.
-  int fail_runs_;            // Run thread only.
+  Assignment current_;  // Relay thread only.
+  int fail_runs_;       // Run thread only.
 };
 
 // A TestNode whose UpdateShardRange to the empty range can be held at a
@@ -161,7 +160,7 @@ class GatedNode : public TestNode {
   GatedNode(std::string id, OwnershipTracker* tracker, Gate* gate)
       : TestNode(std::move(id), tracker, 0), gate_(gate) {}
   absl::Status UpdateShardRange(const Context& ctx,
-                                const ShardAssignment& a) override {
+                                const Assignment& a) override {
     if (a.range.Empty()) gate_->Pass();
     return TestNode::UpdateShardRange(ctx, a);
   }
@@ -178,7 +177,7 @@ class RefusingNode : public TestNode {
                std::atomic<int>* refusals)
       : TestNode(std::move(id), tracker, 0), refusals_(refusals) {}
   absl::Status UpdateShardRange(const Context& ctx,
-                                const ShardAssignment& a) override {
+                                const Assignment& a) override {
     if (!a.range.Covers(held_.range) && refusals_->fetch_sub(1) > 0) {
       return absl::DeadlineExceededError("a call ignored its cancellation");
     }
@@ -188,7 +187,7 @@ class RefusingNode : public TestNode {
 
  private:
   std::atomic<int>* refusals_;
-  ShardAssignment held_;  // Relay thread only.
+  Assignment held_;  // Relay thread only.
 };
 
 class NodeManagerTest : public ::testing::Test {

@@ -334,7 +334,7 @@ TEST(ReconcileLoop, PauseCancelsTheRunningExecutionAndWaitsForItsEnd) {
   // Cut short by Pause: not an execution, not a failure.
   EXPECT_EQ(loop.stats().executions, 0);
   EXPECT_EQ(loop.stats().failures, 0);
-  EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   // Neither time nor a trigger starts one while paused.
   EXPECT_THAT(loop.Pause(), IsOk());  // Idempotent.
   loop.Trigger();
@@ -404,7 +404,7 @@ TEST(ReconcileLoop, PauseReturnsWhenItsContextEndsAndThePauseHolds) {
       [&] { return reports.load() == 1 && clock.num_waiters() >= 1; }));
   // Paused: the loop waits for Resume, not for a time.
   EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());
-  EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   EXPECT_EQ(plan.creates, 1);
   EXPECT_EQ(loop.stats().executions, 0);
   EXPECT_EQ(loop.stats().failures, 0);
@@ -429,8 +429,8 @@ TEST(ReconcileLoop, StartPausedRunsNothingUntilResume) {
   ReconcileLoopOptions o = Options(&clock);
   o.start_paused = true;
   ReconcileLoop loop(plan, o);
-  EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
-  EXPECT_FALSE(loop.RunIfDue(Context::Background(&clock)));
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
+  EXPECT_FALSE(loop.RunUntilIdle(Context::Background(&clock)));
   ASSERT_THAT(loop.Start(), IsOk());
   ASSERT_TRUE(AwaitCondition([&] { return clock.num_waiters() >= 1; }));
   EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());
@@ -454,7 +454,7 @@ TEST(ReconcileLoop, PauseCutExecutionDoesNotGrowTheBackoff) {
     return ctx.Wait(absl::InfiniteDuration());
   });
   ReconcileLoop loop(plan, Options(&clock));
-  std::stop_source give_up;  // Ends RunIfDue should the pauser time out.
+  std::stop_source give_up;  // Ends RunUntilIdle should the pauser time out.
   absl::Status paused;
   std::jthread pauser([&] {
     if (AwaitCondition([&] { return started.load(); })) {
@@ -464,20 +464,20 @@ TEST(ReconcileLoop, PauseCutExecutionDoesNotGrowTheBackoff) {
     }
   });
   // Manual mode: the execution runs here and Pause cuts it short.
-  EXPECT_TRUE(loop.RunIfDue(Context(give_up.get_token(), &clock)));
+  EXPECT_TRUE(loop.RunUntilIdle(Context(give_up.get_token(), &clock)));
   pauser.join();
   EXPECT_THAT(paused, IsOk());
   EXPECT_THAT(loop.last_report()->status,
               StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(loop.stats().failures, 0);
   EXPECT_EQ(loop.stats().consecutive_failures, 0);
-  EXPECT_FALSE(loop.RunIfDue(Context::Background(&clock)));
+  EXPECT_FALSE(loop.RunUntilIdle(Context::Background(&clock)));
   fail = true;
   loop.Resume();
-  EXPECT_TRUE(loop.RunIfDue(Context::Background(&clock)));
+  EXPECT_TRUE(loop.RunUntilIdle(Context::Background(&clock)));
   EXPECT_EQ(loop.stats().failures, 1);
   // The first step of the backoff: the cut execution did not count.
-  EXPECT_EQ(loop.NextRunTime() - clock.Now(), absl::Seconds(1));
+  EXPECT_EQ(loop.NextWakeTime() - clock.Now(), absl::Seconds(1));
 }
 
 TEST(ReconcileLoop, PauseFromInsideAnExecutionIsRefused) {
@@ -517,7 +517,7 @@ TEST(ReconcileLoop, PauseFromInsideAnExecutionIsRefused) {
     };
     ReconcileLoop loop(plan, o);
     self = &loop;
-    EXPECT_TRUE(loop.RunIfDue(Context::Background(&clock)));
+    EXPECT_TRUE(loop.RunUntilIdle(Context::Background(&clock)));
     EXPECT_THAT(from_gate, StatusIs(absl::StatusCode::kFailedPrecondition));
     EXPECT_THAT(from_on_report,
                 StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -528,7 +528,7 @@ TEST(ReconcileLoop, PauseFromInsideAnExecutionIsRefused) {
     }
     // Refused calls pause nothing.
     EXPECT_THAT(loop.last_report()->status, IsOk());
-    EXPECT_EQ(loop.NextRunTime() - clock.Now(), absl::Seconds(10));
+    EXPECT_EQ(loop.NextWakeTime() - clock.Now(), absl::Seconds(10));
   }
 }
 
@@ -569,7 +569,7 @@ TEST(ReconcileLoop, ExecutionContextValueReachesCreateAndDo) {
   };
   ReconcileLoop loop(plan, o);
   const Context ctx = Context::Background(&clock);
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_TRUE(hook_saw_live_ctx);
   EXPECT_THAT(in_create, ::testing::ElementsAre(7, 7));
   EXPECT_THAT(in_do, ::testing::ElementsAre(7));
@@ -577,7 +577,7 @@ TEST(ReconcileLoop, ExecutionContextValueReachesCreateAndDo) {
   token = 8;
   need_step = true;
   loop.Trigger();
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_THAT(in_create, ::testing::ElementsAre(7, 7, 8, 8));
   EXPECT_THAT(in_do, ::testing::ElementsAre(7, 8));
 }
@@ -591,16 +591,16 @@ TEST(ReconcileLoop, ThrowingExecutionContextSkipsAndBacksOff) {
   };
   ReconcileLoop loop(plan, o);
   const Context ctx = Context::Background(&clock);
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 0);
   EXPECT_EQ(loop.stats().executions, 0);
   EXPECT_EQ(loop.stats().failures, 1);
   EXPECT_EQ(loop.stats().consecutive_failures, 1);
   EXPECT_FALSE(loop.last_report().has_value());
-  EXPECT_EQ(loop.NextRunTime() - clock.Now(), absl::Seconds(1));
+  EXPECT_EQ(loop.NextWakeTime() - clock.Now(), absl::Seconds(1));
   clock.AdvanceTime(absl::Seconds(1));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
-  EXPECT_EQ(loop.NextRunTime() - clock.Now(), absl::Seconds(2));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
+  EXPECT_EQ(loop.NextWakeTime() - clock.Now(), absl::Seconds(2));
 }
 
 // ---- stale owner ------------------------------------------------------------
@@ -624,7 +624,7 @@ TEST(ReconcileLoop, StaleOwnerRefusalPausesUntilResume) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        ::testing::HasSubstr("token 9 seen")));
   EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());
-  EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   clock.AdvanceTime(absl::Hours(1));
   loop.Trigger();
   ASSERT_TRUE(Parked(loop, clock, 1));
@@ -646,9 +646,9 @@ TEST(ReconcileLoop, StaleOwnerFromCreateOrALaterStepIsRecognised) {
           return StaleOwnerError("read shard=3 token=7: token 9 seen");
         });
     ReconcileLoop loop(plan, Options(&clock));
-    EXPECT_TRUE(loop.RunIfDue(ctx));
+    EXPECT_TRUE(loop.RunUntilIdle(ctx));
     EXPECT_EQ(loop.stats().stale_refusals, 1);
-    EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+    EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   }
   {
     // With continue_on_failure the report's status is the first failure;
@@ -670,10 +670,10 @@ TEST(ReconcileLoop, StaleOwnerFromCreateOrALaterStepIsRecognised) {
     ReconcileLoopOptions o = Options(&clock);
     o.scheduler.continue_on_failure = true;
     ReconcileLoop loop(plan, o);
-    EXPECT_TRUE(loop.RunIfDue(ctx));
+    EXPECT_TRUE(loop.RunUntilIdle(ctx));
     EXPECT_FALSE(IsStaleOwner(loop.last_report()->status));
     EXPECT_EQ(loop.stats().stale_refusals, 1);
-    EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+    EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   }
 }
 
@@ -684,27 +684,27 @@ TEST(ReconcileLoop, RunIfDueFollowsTheIntervalAndTriggers) {
   CountingPlan plan;
   ReconcileLoop loop(plan, Options(&clock));
   const Context ctx = Context::Background(&clock);
-  EXPECT_EQ(loop.NextRunTime(), absl::InfinitePast());  // The first at once.
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfinitePast());  // The first at once.
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 1);
   const absl::Time due = clock.Now() + absl::Seconds(10);
-  EXPECT_EQ(loop.NextRunTime(), due);
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_EQ(loop.NextWakeTime(), due);
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   loop.Resume();  // Not paused: does nothing.
-  EXPECT_EQ(loop.NextRunTime(), due);
+  EXPECT_EQ(loop.NextWakeTime(), due);
   clock.AdvanceTime(absl::Seconds(10) - absl::Nanoseconds(1));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 1);
   clock.AdvanceTime(absl::Nanoseconds(1));
-  EXPECT_EQ(loop.NextRunTime(), absl::InfinitePast());
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfinitePast());
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 2);
-  EXPECT_EQ(loop.NextRunTime(), clock.Now() + absl::Seconds(10));
+  EXPECT_EQ(loop.NextWakeTime(), clock.Now() + absl::Seconds(10));
   loop.Trigger();
   loop.Trigger();  // Coalesces.
-  EXPECT_EQ(loop.NextRunTime(), absl::InfinitePast());
-  EXPECT_TRUE(loop.RunIfDue(ctx));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfinitePast());
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 3);
   EXPECT_EQ(loop.stats().executions, 3);
   EXPECT_EQ(loop.stats().triggers, 2);
@@ -720,17 +720,17 @@ TEST(ReconcileLoop, RunIfDueFollowsTheFailureBackoff) {
                                      absl::Seconds(4), absl::Seconds(4)};
   for (int i = 0; i < 4; ++i) {
     SCOPED_TRACE(i);
-    EXPECT_TRUE(loop.RunIfDue(ctx));
-    EXPECT_EQ(loop.NextRunTime() - clock.Now(), expected[i]);
+    EXPECT_TRUE(loop.RunUntilIdle(ctx));
+    EXPECT_EQ(loop.NextWakeTime() - clock.Now(), expected[i]);
     clock.AdvanceTime(expected[i] - absl::Nanoseconds(1));
-    EXPECT_FALSE(loop.RunIfDue(ctx));
+    EXPECT_FALSE(loop.RunUntilIdle(ctx));
     clock.AdvanceTime(absl::Nanoseconds(1));
   }
   plan.fail = false;
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(loop.stats().failures, 4);
   EXPECT_EQ(loop.stats().consecutive_failures, 0);
-  EXPECT_EQ(loop.NextRunTime() - clock.Now(), absl::Seconds(10));
+  EXPECT_EQ(loop.NextWakeTime() - clock.Now(), absl::Seconds(10));
 }
 
 TEST(ReconcileLoop, RunIfDueRunsNothingWhilePaused) {
@@ -738,17 +738,17 @@ TEST(ReconcileLoop, RunIfDueRunsNothingWhilePaused) {
   CountingPlan plan;
   ReconcileLoop loop(plan, Options(&clock));
   const Context ctx = Context::Background(&clock);
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_THAT(loop.Pause(), IsOk());  // Nothing runs: returns at once.
-  EXPECT_EQ(loop.NextRunTime(), absl::InfiniteFuture());
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfiniteFuture());
   clock.AdvanceTime(absl::Hours(1));
   loop.Trigger();
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 1);
   loop.Resume();
-  EXPECT_EQ(loop.NextRunTime(), absl::InfinitePast());
-  EXPECT_TRUE(loop.RunIfDue(ctx));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_EQ(loop.NextWakeTime(), absl::InfinitePast());
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 2);
 }
 
@@ -761,15 +761,15 @@ TEST(ReconcileLoop, RunIfDueDoesNothingWhileTheLoopRuns) {
   ASSERT_TRUE(Parked(loop, clock, 1));
   loop.Trigger();
   ASSERT_TRUE(Parked(loop, clock, 2));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   loop.Stop();
   EXPECT_EQ(plan.creates, 2);
   // Stopped: manual mode takes over where the thread left off.
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   loop.Trigger();
-  EXPECT_TRUE(loop.RunIfDue(ctx));
+  EXPECT_TRUE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 3);
-  // And Start/Run refuse while RunIfDue runs.
+  // And Start/Run refuse while RunUntilIdle runs.
   ReconcileLoop* self = &loop;
   absl::Status start_inside;
   absl::Status run_inside;
@@ -781,7 +781,7 @@ TEST(ReconcileLoop, RunIfDueDoesNothingWhileTheLoopRuns) {
       });
   ReconcileLoop outer(nested, Options(&clock));
   self = &outer;
-  EXPECT_TRUE(outer.RunIfDue(ctx));
+  EXPECT_TRUE(outer.RunUntilIdle(ctx));
   EXPECT_THAT(start_inside, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(run_inside, StatusIs(absl::StatusCode::kFailedPrecondition));
 }
@@ -820,7 +820,7 @@ TEST(ReconcileLoopOptions, BadOptionsAreRefusedNotClamped) {
       loop.Run(ctx),
       StatusIs(absl::StatusCode::kInvalidArgument,
                ::testing::HasSubstr("run reconcile loop plan=counting")));
-  EXPECT_FALSE(loop.RunIfDue(ctx));
+  EXPECT_FALSE(loop.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 0);
   EXPECT_EQ(loop.stats().executions, 0);
 
@@ -837,7 +837,7 @@ TEST(ReconcileLoopOptions, BadOptionsAreRefusedNotClamped) {
   EXPECT_THAT(clockless.Run(ctx),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("clock is null")));
-  EXPECT_EQ(clockless.NextRunTime(), absl::InfinitePast());
+  EXPECT_EQ(clockless.NextWakeTime(), absl::InfinitePast());
 
   ReconcileLoopOptions bad_scheduler = Options(&clock);
   bad_scheduler.scheduler.max_rounds = 0;
@@ -845,7 +845,7 @@ TEST(ReconcileLoopOptions, BadOptionsAreRefusedNotClamped) {
   EXPECT_THAT(unschedulable.Start(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("max_rounds must be >= 1, got 0")));
-  EXPECT_FALSE(unschedulable.RunIfDue(ctx));
+  EXPECT_FALSE(unschedulable.RunUntilIdle(ctx));
   EXPECT_EQ(plan.creates, 0);
   EXPECT_THAT(ReconcileLoop(plan, Options(&clock)).options_status(), IsOk());
 }

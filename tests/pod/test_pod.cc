@@ -58,7 +58,7 @@ class WaitingNode : public setpoint::Node {
   }
 
   absl::Status UpdateShardRange(const setpoint::Context&,
-                                const setpoint::ShardAssignment& a) override {
+                                const setpoint::Assignment& a) override {
     if (!a.range.Empty()) {
       had_range_ = true;
       Line(absl::StrCat("range node=", id_, " [", a.range.begin, ",",

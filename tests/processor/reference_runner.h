@@ -105,7 +105,7 @@ class ReferenceRunner {
 
   int64_t RunUntilIdle();
   // The earliest pending timer, or InfiniteFuture.
-  absl::Time NextTimerTime() const;
+  absl::Time NextWakeTime() const;
   RunnerStats stats() const;
 
  private:
@@ -307,7 +307,7 @@ inline void ReferenceRunner::Loop() {
   dropped.clear();  // Closures destroyed without the mutex.
 }
 
-inline absl::Time ReferenceRunner::NextTimerTime() const {
+inline absl::Time ReferenceRunner::NextWakeTime() const {
   MutexLock l(&state_->mu);
   return state_->timers.empty() ? absl::InfiniteFuture()
                                 : state_->timers.begin()->first.first;

@@ -322,7 +322,7 @@ TEST_F(PollingSourceTest, SetFilterForgetsRelistsWithinItAndResyncs) {
 
   list_.Return({{"a1", 1}, {"a2", 2}, {"a3", 3}, {"b1", 3}});
   auto during = runner_.PostAndWait(Context(), [this] {
-    source_->SetFilter(StartsWithA);
+    source_->Rescope(StartsWithA);
     // Within the same event: forgotten (not deleted) and out of sync.
     return std::make_pair(std::exchange(log_, {}), store_.InSync());
   });
@@ -347,9 +347,9 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   list_.Block({{"a1", 99}, {"b1", 1}});
   source_->Trigger();
   ASSERT_TRUE(AwaitCondition([&] { return list_.blocked(); }));
-  ASSERT_THAT(runner_.PostAndWait(Context(),
-                                  [this] { source_->SetFilter(StartsWithA); }),
-              IsOk());
+  ASSERT_THAT(
+      runner_.PostAndWait(Context(), [this] { source_->Rescope(StartsWithA); }),
+      IsOk());
   list_.Return({{"a1", 2}, {"b1", 1}});
   list_.Release();
 
@@ -414,7 +414,7 @@ class ManualPollingSourceTest : public ::testing::Test {
 
   // Polls if due, then runs what the source posted.
   bool Poll() {
-    bool listed = source_->PollIfDue();
+    bool listed = source_->RunUntilIdle();
     runner_.RunUntilIdle();
     return listed;
   }
@@ -430,7 +430,7 @@ class ManualPollingSourceTest : public ::testing::Test {
 };
 
 TEST_F(ManualPollingSourceTest, TheFirstPollListsThenEveryInterval) {
-  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(source_->NextWakeTime(), absl::InfinitePast());
   EXPECT_EQ(clock_.num_waiters(), 0);  // No thread.
   list_.Return({{"a", 1}, {"b", 2}});
   ASSERT_TRUE(Poll());
@@ -441,20 +441,20 @@ TEST_F(ManualPollingSourceTest, TheFirstPollListsThenEveryInterval) {
   EXPECT_THAT(store_.items(), UnorderedElementsAre(Pair("a", 1), Pair("b", 2)));
   EXPECT_TRUE(store_.InSync());
   const absl::Time first_ended = clock_.Now();
-  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+  EXPECT_EQ(source_->NextWakeTime(), first_ended + kInterval);
 
   // Not due until the interval has passed on the clock.
   list_.Return({{"a", 1}, {"b", 3}});
   EXPECT_FALSE(Poll());
   clock_.AdvanceTime(kInterval - absl::Milliseconds(1));
   EXPECT_FALSE(Poll());
-  EXPECT_EQ(source_->NextPollTime(), first_ended + kInterval);
+  EXPECT_EQ(source_->NextWakeTime(), first_ended + kInterval);
   EXPECT_EQ(source_->stats().lists, 1);
   clock_.AdvanceTime(absl::Milliseconds(1));
-  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(source_->NextWakeTime(), absl::InfinitePast());
   ASSERT_TRUE(Poll());
   EXPECT_THAT(TakeLog(), ElementsAre("set b 2->3"));
-  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+  EXPECT_EQ(source_->NextWakeTime(), clock_.Now() + kInterval);
   PollingSourceStats stats = source_->stats();
   EXPECT_EQ(stats.lists, 2);
   EXPECT_EQ(stats.changes_posted, 3);
@@ -469,7 +469,7 @@ TEST_F(ManualPollingSourceTest, FailuresBackOffAndLoseSync) {
   list_.Fail(absl::UnavailableError("cloud down"));
   clock_.AdvanceTime(kInterval);
   ASSERT_TRUE(Poll());
-  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(1));
+  EXPECT_EQ(source_->NextWakeTime(), clock_.Now() + absl::Seconds(1));
   EXPECT_TRUE(store_.InSync());  // One failure is not enough.
   EXPECT_EQ(source_->stats().consecutive_failures, 1);
 
@@ -477,14 +477,14 @@ TEST_F(ManualPollingSourceTest, FailuresBackOffAndLoseSync) {
   ASSERT_TRUE(Poll());
   EXPECT_FALSE(store_.InSync());
   EXPECT_THAT(TakeLog(), ElementsAre("lost"));
-  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(2));
+  EXPECT_EQ(source_->NextWakeTime(), clock_.Now() + absl::Seconds(2));
 
   clock_.AdvanceTime(absl::Seconds(1));
   EXPECT_FALSE(Poll());
   clock_.AdvanceTime(absl::Seconds(1));
   ASSERT_TRUE(Poll());
   EXPECT_THAT(TakeLog(), IsEmpty());  // The loss is announced once.
-  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + absl::Seconds(4));
+  EXPECT_EQ(source_->NextWakeTime(), clock_.Now() + absl::Seconds(4));
   PollingSourceStats stats = source_->stats();
   EXPECT_EQ(stats.list_failures, 3);
   EXPECT_EQ(stats.consecutive_failures, 3);
@@ -495,7 +495,7 @@ TEST_F(ManualPollingSourceTest, FailuresBackOffAndLoseSync) {
   EXPECT_THAT(TakeLog(), ElementsAre("set a 1->2", "synced"));
   EXPECT_TRUE(store_.InSync());
   EXPECT_EQ(source_->stats().consecutive_failures, 0);
-  EXPECT_EQ(source_->NextPollTime(), clock_.Now() + kInterval);
+  EXPECT_EQ(source_->NextWakeTime(), clock_.Now() + kInterval);
 }
 
 TEST_F(ManualPollingSourceTest, TriggerAndSetFilterMakeItDueAtOnce) {
@@ -506,43 +506,43 @@ TEST_F(ManualPollingSourceTest, TriggerAndSetFilterMakeItDueAtOnce) {
 
   list_.Return({{"a1", 5}, {"b1", 2}});
   source_->Trigger();
-  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(source_->NextWakeTime(), absl::InfinitePast());
   ASSERT_TRUE(Poll());
   EXPECT_THAT(TakeLog(), ElementsAre("set a1 1->5"));
   EXPECT_FALSE(Poll());
 
   list_.Return({{"a1", 5}, {"a2", 3}, {"b1", 2}});
   ASSERT_THAT(runner_.PostAndWait(Context::Background(&clock_),
-                                  [this] { source_->SetFilter(StartsWithA); }),
+                                  [this] { source_->Rescope(StartsWithA); }),
               IsOk());
   EXPECT_THAT(TakeLog(), UnorderedElementsAre("lost", "forget b1 2->_"));
-  EXPECT_EQ(source_->NextPollTime(), absl::InfinitePast());
+  EXPECT_EQ(source_->NextWakeTime(), absl::InfinitePast());
   ASSERT_TRUE(Poll());
   EXPECT_THAT(TakeLog(), ElementsAre("set a2 _->3", "synced"));
   EXPECT_THAT(store_.items(),
               UnorderedElementsAre(Pair("a1", 5), Pair("a2", 3)));
   EXPECT_EQ(clock_.Now(), now);
-  EXPECT_EQ(source_->NextPollTime(), now + kInterval);
+  EXPECT_EQ(source_->NextWakeTime(), now + kInterval);
 }
 
 TEST_F(ManualPollingSourceTest, PollsOnlyInManualModeBetweenStartAndStop) {
   PollingSource<std::string, int> threaded(
       &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
       TestOptions(&clock_));
-  EXPECT_FALSE(threaded.PollIfDue());  // Not manual.
+  EXPECT_FALSE(threaded.RunUntilIdle());  // Not manual.
 
   PollingSourceOptions<int> options = TestOptions(&clock_);
   options.manual = true;
   PollingSource<std::string, int> manual(
       &runner_, &store_, [this](const Context& ctx) { return list_.List(ctx); },
       std::move(options));
-  EXPECT_FALSE(manual.PollIfDue());  // Not started.
+  EXPECT_FALSE(manual.RunUntilIdle());  // Not started.
   ASSERT_THAT(manual.Start(), IsOk());
   EXPECT_THAT(manual.Start(), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_TRUE(manual.PollIfDue());
+  EXPECT_TRUE(manual.RunUntilIdle());
   manual.Stop();
   manual.Trigger();
-  EXPECT_FALSE(manual.PollIfDue());  // Stopped.
+  EXPECT_FALSE(manual.RunUntilIdle());  // Stopped.
   EXPECT_EQ(manual.stats().lists, 1);
 }
 
@@ -618,7 +618,7 @@ TEST_F(PushSourceTest, OnFilterChangeIsCalledAfterSetFilter) {
   TakeLog();
 
   ASSERT_THAT(
-      runner_.PostAndWait(Context(), [&] { source.SetFilter(StartsWithA); }),
+      runner_.PostAndWait(Context(), [&] { source.Rescope(StartsWithA); }),
       IsOk());
   auto after = runner_.PostAndWait(Context(), [&] {
     return std::make_pair(seen.size() == 1 ? seen[0] : Seen{}, store_.InSync());
@@ -674,7 +674,7 @@ TEST(PollingSourceOptionsTest, StartRefusesBadOptionsNamingTheField) {
     EXPECT_THAT(source.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
                                          HasSubstr(c.field)))
         << c.field;
-    EXPECT_FALSE(source.PollIfDue()) << "a refused source never lists";
+    EXPECT_FALSE(source.RunUntilIdle()) << "a refused source never lists";
   }
 }
 
@@ -693,10 +693,10 @@ TEST(PollingSourceOptionsTest, DefaultsToTheRunnersClock) {
       },
       options);
   ASSERT_THAT(source.Start(), IsOk());
-  EXPECT_TRUE(source.PollIfDue());
-  EXPECT_FALSE(source.PollIfDue());  // Not due before the interval.
-  clock.AdvanceTime(kInterval);      // Only the runner's clock moves.
-  EXPECT_TRUE(source.PollIfDue());
+  EXPECT_TRUE(source.RunUntilIdle());
+  EXPECT_FALSE(source.RunUntilIdle());  // Not due before the interval.
+  clock.AdvanceTime(kInterval);         // Only the runner's clock moves.
+  EXPECT_TRUE(source.RunUntilIdle());
   EXPECT_EQ(lists, 2);
 }
 

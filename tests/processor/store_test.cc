@@ -131,7 +131,7 @@ TEST(Store, ApplyWithoutReplaceTouchesOnlyWhatItNames) {
 TEST(Store, UpdatesFromAnOldGenerationAreDropped) {
   IntStore store(Options());
   EXPECT_EQ(store.generation(), 0u);
-  EXPECT_EQ(store.SetFilter(nullptr), 1u);
+  EXPECT_EQ(store.Rescope(nullptr), 1u);
   std::vector<std::string> log;
   Record(&store, &log);
   store.Apply({.generation = 0,
@@ -163,7 +163,7 @@ TEST(Store, SetFilterForgetsKeysOutsideLosesSyncAndIgnoresThem) {
   Record(&store, &log);
 
   uint64_t generation =
-      store.SetFilter([](const std::string& k) { return k[0] == 'a'; });
+      store.Rescope([](const std::string& k) { return k[0] == 'a'; });
   EXPECT_EQ(generation, store.generation());
   // Forgotten, not deleted: b1 still exists in the world.
   EXPECT_THAT(log, ElementsAre("forget b1 3->_"));
@@ -189,21 +189,21 @@ TEST(Store, SetFilterForgetsKeysOutsideLosesSyncAndIgnoresThem) {
 
   // An empty filter selects everything again; nothing is forgotten.
   log.clear();
-  store.SetFilter(nullptr);
+  store.Rescope(nullptr);
   EXPECT_THAT(log, IsEmpty());
   EXPECT_TRUE(store.Set("b2", 4));
 }
 
 TEST(Store, StatsCountEveryKindOfOutcome) {
   IntStore store(Options());
-  store.Set("a", 1);  // sets 1
-  store.Set("a", 1);  // unchanged 1
-  store.Set("b", 2);  // sets 2
-  store.Set("b", 3);  // sets 3
-  store.Delete("a");  // deletes 1
-  store.SetFilter([](const std::string& k) { return k != "b"; });  // forget
-  store.Set("b", 4);                                               // ignored 1
-  store.Apply({.generation = 0, .sets = {{"c", 1}}});              // ignored 2
+  store.Set("a", 1);                                             // sets 1
+  store.Set("a", 1);                                             // unchanged 1
+  store.Set("b", 2);                                             // sets 2
+  store.Set("b", 3);                                             // sets 3
+  store.Delete("a");                                             // deletes 1
+  store.Rescope([](const std::string& k) { return k != "b"; });  // forget
+  store.Set("b", 4);                                             // ignored 1
+  store.Apply({.generation = 0, .sets = {{"c", 1}}});            // ignored 2
   const StoreStats& s = store.stats();
   EXPECT_EQ(s.sets, 3);
   EXPECT_EQ(s.unchanged_sets, 1);
@@ -223,11 +223,11 @@ TEST(Store, DebugLinesFromTheHeaderFollowTheLoggersLevel) {
   IntStore store({.name = "logged", .logger = logger});
 
   logger->set_level(spdlog::level::info);
-  store.SetFilter(nullptr);
+  store.Rescope(nullptr);
   EXPECT_THAT(sink->last_formatted(), IsEmpty());
 
   logger->set_level(spdlog::level::debug);
-  store.SetFilter(nullptr);
+  store.Rescope(nullptr);
   store.Apply({.generation = 0});
   EXPECT_THAT(
       sink->last_formatted(),

@@ -647,8 +647,8 @@ TEST_F(SyncerTest, ResetForgetsOutOfRangeKeysWithoutDeletingThem) {
   ASSERT_TRUE(fake_->AwaitHeldCalls(2));
   // The documented order: the syncer first, then the sources.
   OnRunner([&] {
-    syncer_->Reset(InRange);
-    source_->SetFilter(InRange);
+    syncer_->Rescope(InRange);
+    source_->Rescope(InRange);
   });
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.keys, 2);
@@ -686,14 +686,14 @@ TEST_F(SyncerTest, AKeyBackInRangeDoesNotGetASecondOperationInFlight) {
   SetDesired("out/1", 2);
   ASSERT_TRUE(fake_->AwaitHeldCalls(1));
   OnRunner([&] {
-    syncer_->Reset(InRange);
-    source_->SetFilter(InRange);
+    syncer_->Rescope(InRange);
+    source_->Rescope(InRange);
   });
   // The range comes back while the old operation still runs; the producer
   // re-sends its desired state.
   OnRunner([&] {
-    syncer_->Reset(nullptr);
-    source_->SetFilter(nullptr);
+    syncer_->Rescope(nullptr);
+    source_->Rescope(nullptr);
     syncer_->SetDesired("out/1", 3);
   });
   ASSERT_TRUE(AwaitCondition([&] { return Status().in_sync; }));
@@ -724,8 +724,8 @@ TEST_F(SyncerTest, ResetCancelsTheRunningCallsOfKeysThatLeftAndNoOthers) {
   SetDesired("out/1", 2);
   ASSERT_TRUE(fake_->AwaitHeldCalls(3));
   OnRunner([&] {
-    syncer_->Reset(InRange);
-    source_->SetFilter(InRange);
+    syncer_->Rescope(InRange);
+    source_->Rescope(InRange);
   });
   EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   // out/1's call saw its context cancelled and returned; the bound only
@@ -770,8 +770,8 @@ TEST_F(SyncerTest, AwaitCallsWithinWaitsForACallThatIgnoresCancellation) {
   SetDesired("out/1", 2);
   ASSERT_TRUE(AwaitCondition([&] { return probe_->at_gate() == 2; }));
   OnRunner([&] {
-    syncer_->Reset(InRange);
-    source_->SetFilter(InRange);
+    syncer_->Rescope(InRange);
+    source_->Rescope(InRange);
   });
   EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
 
@@ -819,8 +819,8 @@ TEST_F(SyncerTest, AHandedOverCallForAKeyThatLeftNeverStarts) {
   SetDesired("out/1", 2);                 // ...so this one waits for it.
   EXPECT_EQ(Status().in_flight, 2);
   OnRunner([&] {
-    syncer_->Reset(InRange);
-    source_->SetFilter(InRange);
+    syncer_->Rescope(InRange);
+    source_->Rescope(InRange);
   });
   EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
   // Nothing outside the range runs, nor ever will.
@@ -1331,8 +1331,8 @@ TEST_F(SyncerTest, ManualUpdatesRunCallsOnTheCallingThreadOnly) {
   runner_->RunUntilIdle();
   EXPECT_EQ(syncer_->StatusSnapshot().in_flight, 3);  // With old's delete.
   EXPECT_EQ(fake_->stats().calls, 0);  // Handed over; nobody runs them.
-  EXPECT_EQ(syncer_->RunQueuedCalls(), 3);
-  EXPECT_EQ(syncer_->RunQueuedCalls(), 0);
+  EXPECT_EQ(syncer_->RunUntilIdle(), 3);
+  EXPECT_EQ(syncer_->RunUntilIdle(), 0);
   runner_->RunUntilIdle();  // The results and the observations.
   SyncerStatus<std::string> s = syncer_->StatusSnapshot();
   EXPECT_EQ(s.keys, 2);
@@ -1344,7 +1344,7 @@ TEST_F(SyncerTest, ManualUpdatesRunCallsOnTheCallingThreadOnly) {
   syncer_->SetDesired("a", 5);
   syncer_->DeleteDesired("b");
   runner_->RunUntilIdle();
-  EXPECT_EQ(syncer_->RunQueuedCalls(), 2);
+  EXPECT_EQ(syncer_->RunUntilIdle(), 2);
   runner_->RunUntilIdle();
   s = syncer_->StatusSnapshot();
   EXPECT_EQ(s.keys, 1);
@@ -1375,10 +1375,10 @@ TEST_F(SyncerTest, ManualUpdatesDoNotRunAHandedOverCallForAKeyThatLeft) {
   syncer_->SetDesired("out/1", 2);
   runner_->RunUntilIdle();
   EXPECT_EQ(syncer_->StatusSnapshot().in_flight, 2);
-  syncer_->Reset(InRange);
-  source_->SetFilter(InRange);
+  syncer_->Rescope(InRange);
+  source_->Rescope(InRange);
   EXPECT_EQ(syncer_->stats().calls_cancelled, 1);
-  EXPECT_EQ(syncer_->RunQueuedCalls(), 1);  // in/1's only.
+  EXPECT_EQ(syncer_->RunUntilIdle(), 1);  // in/1's only.
   runner_->RunUntilIdle();
   EXPECT_EQ(fake_->CallsFor("out/1"), 0);
   SyncerStatus<std::string> s = syncer_->StatusSnapshot();
@@ -1614,7 +1614,8 @@ TEST(SyncerStaleTest, ARefusalThatComesBackAfterTheKeyLeftIsStillCounted) {
   client.AwaitEntered();
   ASSERT_THAT(
       runner.PostAndWait(
-          ctx, [&] { syncer.Reset([](const std::string&) { return false; }); }),
+          ctx,
+          [&] { syncer.Rescope([](const std::string&) { return false; }); }),
       IsOk());
   client.Open();
   ASSERT_TRUE(testing::AwaitCondition(

@@ -222,7 +222,7 @@ TEST_F(TransformerTest, HooksDeliverEachChangeAtOnceWithoutASnapshot) {
   EXPECT_TRUE(t.InSync());  // No snapshot to wait for.
   EXPECT_TRUE(sink_.InSync());
   a_.Delete("x");
-  a_.SetFilter([](const std::string& k) { return k != "y"; });
+  a_.Rescope([](const std::string& k) { return k != "y"; });
   EXPECT_THAT(sink_.log, ElementsAre("set x 10", "set y 20", "synced",
                                      "delete x", "lost"));
   Advance(absl::Seconds(1));

@@ -75,8 +75,8 @@ TEST_F(InMemoryNodeRegistryTest, GrantOnlyIntoFreeShardsWithGrowingTokens) {
   ASSERT_THAT(t3.status(), IsOk());
   EXPECT_GT(*t3, *t2);
   auto r = Poll({});
-  EXPECT_EQ(r->kinds["vm"].held["a/vm/0"], (ShardAssignment{{0, 50}, *t1}));
-  EXPECT_EQ(r->kinds["vm"].held["b/vm/0"], (ShardAssignment{{50, 200}, *t3}));
+  EXPECT_EQ(r->kinds["vm"].held["a/vm/0"], (Assignment{{0, 50}, *t1}));
+  EXPECT_EQ(r->kinds["vm"].held["b/vm/0"], (Assignment{{50, 200}, *t3}));
 }
 
 TEST_F(InMemoryNodeRegistryTest, RefusesBadRequests) {
@@ -244,7 +244,7 @@ TEST_F(InMemoryNodeRegistryTest, DescribeShowsEverythingAndChangesNothing) {
   ASSERT_EQ(vm.members.size(), 2u);
   EXPECT_EQ(vm.members[0].id, "a/vm/0");
   EXPECT_EQ(vm.members[0].lease_expiry, drained_at + absl::Seconds(3));
-  EXPECT_EQ(vm.members[0].held, (ShardAssignment{{0, 32}, *token}));
+  EXPECT_EQ(vm.members[0].held, (Assignment{{0, 32}, *token}));
   EXPECT_EQ(vm.members[1].id, "b/vm/0");
   EXPECT_FALSE(vm.members[1].held.has_value());
   // Reading expires nothing and advances nothing: past the lease the

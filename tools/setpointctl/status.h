@@ -34,7 +34,7 @@ struct NodeRow {
   // "active", "draining", "drained" (its pod's state), or "expired" (its
   // lease ended; the next poll of its kind drops it).
   std::string state;
-  std::optional<ShardAssignment> held;  // Only while live.
+  std::optional<Assignment> held;  // Only while live.
   double share_percent = 0;
   absl::Duration lease_left;  // Negative once expired.
 };

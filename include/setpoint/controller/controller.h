@@ -88,31 +88,14 @@
 
 namespace setpoint {
 
-// What a controller's node owns right now; every client call and plan
-// step can read the one it was started under (AssignmentOf).
-struct Assignment {
-  std::string node_id;
-  std::string kind;
-  ShardRange range = {};
-  uint64_t token = 0;  // Fencing token: only grows for a shard.
-  uint32_t ring_size = kDefaultRingSize;
-
-  // True when `key` falls in `range`.
-  bool Owns(std::string_view key) const {
-    return range.Contains(ShardOf(key, ring_size));
-  }
-};
-
 // The assignment `ctx` was started under, or nullptr outside a controller.
 inline const Assignment* AssignmentOf(const Context& ctx) {
   return ctx.Value<Assignment>();
 }
 
-// The shard of a key. Overload ShardOfKey(const MyKey&, uint32_t) in your
-// key's namespace for keys that are not strings.
-inline uint32_t ShardOfKey(std::string_view key, uint32_t ring_size) {
-  return ShardOf(key, ring_size);
-}
+// A key's shard is ShardOf(key, ring_size) (node/shard.h); for keys that
+// are not strings, overload ShardOf(const MyKey&, uint32_t ring_size) in
+// your key's namespace.
 
 struct ControllerOptions {
   // How long UpdateShardRange waits for calls and plan steps outside the
@@ -124,14 +107,14 @@ struct ControllerOptions {
   // Default: Clock::Real().
   Clock* clock = nullptr;
   // No threads: the runner, sources, syncers and loops run only when
-  // RunUntilQuiet() is called, on the caller's thread (deterministic tests;
+  // RunUntilIdle() is called, on the caller's thread (deterministic tests;
   // setpoint::testing::ControllerHarness drives it).
   // Default: false.
   bool manual = false;
   // How often the pieces' status is published for the pod's /statusz,
   // /readyz and keys-by-state gauges (one runner event, O(keys)); a runner
   // that has not run it for the probe's stuck_after is reported stuck. In
-  // manual mode it is published at the end of every RunUntilQuiet instead.
+  // manual mode it is published at the end of every RunUntilIdle instead.
   // Default: 1 s.
   absl::Duration status_interval = absl::Seconds(1);
   // Where the runner, syncers and plans publish their series, labelled
@@ -175,9 +158,9 @@ class ControllerPiece {
   // Relay thread: the new assignment is in place.
   virtual void Resume(const Assignment& /*a*/) {}
   // Manual mode: runs what is due now; returns how much ran.
-  virtual int RunDue(const Context& /*ctx*/) { return 0; }
+  virtual int RunUntilIdle(const Context& /*ctx*/) { return 0; }
   // Manual mode: when something is due next.
-  virtual absl::Time NextDue() const { return absl::InfiniteFuture(); }
+  virtual absl::Time NextWakeTime() const { return absl::InfiniteFuture(); }
   // Runner thread: appends a JSON object about the piece to `json` (or
   // nothing), and to `not_ready` why it is not ready; sets its gauges.
   virtual void Publish(std::string* /*json*/,
@@ -233,7 +216,7 @@ KeyFilter<K> FilterFor(const Assignment& a) {
   // The whole ring (one node of the kind, a leader): no key to refuse.
   if (a.range.begin == 0 && a.range.end >= a.ring_size) return nullptr;
   return [range = a.range, ring = a.ring_size](const K& key) {
-    return range.Contains(ShardOfKey(key, ring));
+    return range.Contains(ShardOf(key, ring));
   };
 }
 
@@ -253,7 +236,7 @@ class PollPiece final : public ControllerPiece {
         source_(&run->runner, &store_, std::move(list),
                 Adjust(run, std::move(name), std::move(options))) {
     // Nothing is ours before the first assignment.
-    if (scoped_) source_.SetFilter([](const K&) { return false; });
+    if (scoped_) source_.Rescope([](const K&) { return false; });
   }
   Store<K, V>* store() { return &store_; }
   PollingSource<K, V>* source() { return &source_; }
@@ -261,10 +244,12 @@ class PollPiece final : public ControllerPiece {
   absl::Status Start() override { return source_.Start(); }
   void Stop() override { source_.Stop(); }
   void Rescope(const Assignment& a, const Context&) override {
-    if (scoped_) source_.SetFilter(FilterFor<K>(a));
+    if (scoped_) source_.Rescope(FilterFor<K>(a));
   }
-  int RunDue(const Context&) override { return source_.PollIfDue() ? 1 : 0; }
-  absl::Time NextDue() const override { return source_.NextPollTime(); }
+  int RunUntilIdle(const Context&) override {
+    return source_.RunUntilIdle() ? 1 : 0;
+  }
+  absl::Time NextWakeTime() const override { return source_.NextWakeTime(); }
   void Publish(std::string*, std::vector<std::string>* not_ready) override {
     if (!store_.InSync()) {
       not_ready->push_back(
@@ -324,7 +309,7 @@ class TransformPiece final : public ControllerPiece {
         sink_(&store_),
         transformer_(&run->runner, &sink_, std::move(snapshot),
                      Adjust(run, std::move(name), std::move(options))) {
-    store_.SetFilter([](const K&) { return false; });
+    store_.Rescope([](const K&) { return false; });
   }
   Store<K, D>* store() { return &store_; }
   Transformer<K, D>* transformer() { return &transformer_; }
@@ -332,7 +317,7 @@ class TransformPiece final : public ControllerPiece {
   void Rescope(const Assignment& a, const Context&) override {
     // The store forgets what left and is out of sync until the next
     // snapshot, which is asked for now.
-    store_.SetFilter(FilterFor<K>(a));
+    store_.Rescope(FilterFor<K>(a));
     transformer_.Invalidate();
   }
 
@@ -398,7 +383,7 @@ class SyncPiece final : public ControllerPiece {
             SyncerOptions<D, O> options)
       : syncer_(&run->runner, client,
                 Adjust(run, std::move(name), std::move(options))) {
-    syncer_.Reset([](const K&) { return false; });
+    syncer_.Rescope([](const K&) { return false; });
   }
   Syncer<K, D, O>* syncer() { return &syncer_; }
 
@@ -406,13 +391,13 @@ class SyncPiece final : public ControllerPiece {
   void Stop() override { syncer_.Stop(); }
   void Fence(const Assignment& a) override { syncer_.Fence(FilterFor<K>(a)); }
   void Rescope(const Assignment& a, const Context& values) override {
-    syncer_.Reset(FilterFor<K>(a));
+    syncer_.Rescope(FilterFor<K>(a));
     syncer_.SetCallValues(values);
   }
   absl::Status AwaitOutside(const Assignment& a, const Context& ctx) override {
     return syncer_.AwaitCallsWithin(FilterFor<K>(a), ctx);
   }
-  int RunDue(const Context&) override { return syncer_.RunQueuedCalls(); }
+  int RunUntilIdle(const Context&) override { return syncer_.RunUntilIdle(); }
   void Publish(std::string* json,
                std::vector<std::string>* not_ready) override {
     syncer_.PublishStatusMetrics();
@@ -459,10 +444,10 @@ class PlanPiece final : public ControllerPiece {
   void Resume(const Assignment& a) override {
     if (!a.range.Empty()) loop_.Resume();
   }
-  int RunDue(const Context& ctx) override {
-    return loop_.RunIfDue(ctx) ? 1 : 0;
+  int RunUntilIdle(const Context& ctx) override {
+    return loop_.RunUntilIdle(ctx) ? 1 : 0;
   }
-  absl::Time NextDue() const override { return loop_.NextRunTime(); }
+  absl::Time NextWakeTime() const override { return loop_.NextWakeTime(); }
   void Publish(std::string* json, std::vector<std::string>*) override;
 
  private:
@@ -609,7 +594,7 @@ class Controller : public Node {
   absl::Status Run(const Context& ctx) override;
   // Node: see the file comment.
   absl::Status UpdateShardRange(const Context& ctx,
-                                const ShardAssignment& assignment) override;
+                                const Assignment& assignment) override;
 
   // The assignment last given to UpdateShardRange, even if that handoff
   // reported work still running (any thread).
@@ -625,13 +610,13 @@ class Controller : public Node {
   void Report(absl::Duration stuck_after, NodeReport& report) const override;
 
   // Manual mode (options.manual), for tests on one thread: Start builds
-  // and starts the pieces without threads; RunUntilQuiet runs runner
+  // and starts the pieces without threads; RunUntilIdle runs runner
   // events, due timers, due lists, queued calls and due plan executions
   // until nothing more can run before the clock's now, and returns how
   // many ran; NextWakeTime says when something is due next; Stop stops and
   // destroys the pieces. The runner of the running pieces, or nullptr.
   absl::Status Start();
-  int64_t RunUntilQuiet();
+  int64_t RunUntilIdle();
   absl::Time NextWakeTime() const;
   void Stop();
   Runner* runner();
@@ -643,8 +628,7 @@ class Controller : public Node {
   // Starts the pieces of `run` under the assignment in force.
   absl::Status StartRun(internal::ControllerRun& run);
   static void StopRun(internal::ControllerRun& run);
-  std::shared_ptr<const Assignment> MakeAssignment(
-      const ShardAssignment& a) const;
+  std::shared_ptr<const Assignment> MakeAssignment(const Assignment& a) const;
 
   const NodeInfo info_;
   const ControllerBuildFn build_;

@@ -8,7 +8,7 @@
 //       return absl::OkStatus();
 //     }
 //     absl::Status UpdateShardRange(const Context& ctx,
-//                                   const ShardAssignment& a) override {
+//                                   const Assignment& a) override {
 //       // Re-scope the syncer and the sources on the runner, and wait.
 //       return absl::OkStatus();
 //     }
@@ -83,7 +83,7 @@ class Node {
   // shards recorded as this node's (nobody else is granted them), and asks
   // again later. A throw is a failure of the node (it is restarted).
   virtual absl::Status UpdateShardRange(const Context& ctx,
-                                        const ShardAssignment& assignment) = 0;
+                                        const Assignment& assignment) = 0;
 
   // Fills `report` for operators. Called on any thread, possibly while Run
   // and UpdateShardRange run: read what the node published, never block.

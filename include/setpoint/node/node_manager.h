@@ -154,7 +154,7 @@ std::string DefaultPodId();
 struct NodeState {
   std::string id;
   std::string kind;
-  ShardAssignment active;  // What the node was last told (and returned from).
+  Assignment active;  // What the node was last told (and returned from).
   bool registered = false;
   bool running = false;  // Run is executing (not failed, not stopped).
   int restarts = 0;
@@ -253,9 +253,9 @@ class NodeManager {
   struct Move {
     Slot* slot = nullptr;
     KindView* view = nullptr;
-    std::optional<ShardAssignment> release;  // What the node keeps.
-    std::optional<ShardRange> grant;         // After the release, if any.
-    bool deregister = false;                 // A failed node leaves.
+    std::optional<Assignment> release;  // What the node keeps.
+    std::optional<ShardRange> grant;    // After the release, if any.
+    bool deregister = false;            // A failed node leaves.
   };
   // One node's next move: queues its shrinks itself, returns what needs
   // the registry.
@@ -264,7 +264,7 @@ class NodeManager {
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
   void Apply(std::vector<Move>& moves);
-  void Deliver(Slot& slot, ShardAssignment assignment)
+  void Deliver(Slot& slot, Assignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes one nudge token if there is one (refilling first).

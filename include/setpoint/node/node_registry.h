@@ -72,7 +72,7 @@ struct KindView {
   // members appear (only the caller's own with PollRequest::own_held_only);
   // a member that holds nothing is absent, and so is one whose record does
   // not parse (its owner must treat that as "not mine").
-  std::map<std::string, ShardAssignment> held;
+  std::map<std::string, Assignment> held;
 };
 
 struct PollResult {
@@ -103,7 +103,7 @@ struct HandoffRequest {
   struct ReleaseOp {
     std::string kind;
     std::string node_id;
-    ShardAssignment keep;
+    Assignment keep;
   };
   struct GrantOp {
     std::string kind;
@@ -146,7 +146,7 @@ struct MemberDescription {
   absl::Time lease_expiry = absl::InfinitePast();
   // What it holds; empty when nothing is recorded or the record does not
   // parse (then a warning names it).
-  std::optional<ShardAssignment> held;
+  std::optional<Assignment> held;
 };
 
 // One kind as the registry records it (Describe).
@@ -218,8 +218,7 @@ class NodeRegistry {
   // belief is wrong, so it must stop working at once; unreachable as for
   // Poll.
   virtual absl::Status Release(const Context& ctx, const std::string& kind,
-                               const std::string& node_id,
-                               ShardAssignment keep) = 0;
+                               const std::string& node_id, Assignment keep) = 0;
 
   // Grants `target` to `node_id` if it is a live member and no other live
   // member holds any shard of it; returns the new fencing token (larger than

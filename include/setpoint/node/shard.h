@@ -55,13 +55,25 @@ struct ShardRange {
   friend bool operator==(const ShardRange&, const ShardRange&) = default;
 };
 
-// A node's share of the ring with its fencing token: a number that grows with
-// every grant of these shards, for the systems the node writes to.
-struct ShardAssignment {
+// A node's share of the ring with its fencing token (a number that grows
+// with every grant of these shards, for the systems the node writes to).
+// The registry records range and token per node; a node is told, and every
+// client call and plan step of a controller can read (AssignmentOf), the
+// whole of it: also who holds it, its kind and the ring's size.
+struct Assignment {
   ShardRange range = {};
   uint64_t token = 0;
-  friend bool operator==(const ShardAssignment&,
-                         const ShardAssignment&) = default;
+  // Set when a node is told (UpdateShardRange); empty in registry records,
+  // which are keyed by node id already.
+  std::string node_id = "";
+  std::string kind = "";
+  uint32_t ring_size = kDefaultRingSize;
+
+  // True when `key` falls in `range` (on a ring of ring_size).
+  bool Owns(std::string_view key) const {
+    return range.Contains(ShardOf(key, ring_size));
+  }
+  friend bool operator==(const Assignment&, const Assignment&) = default;
 };
 
 // The i-th of `parts` contiguous ranges that split a ring of `ring_size`

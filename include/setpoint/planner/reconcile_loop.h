@@ -15,16 +15,16 @@
 //
 // Or run it on a thread you own: `loop.Run(ctx)` returns when ctx is cancelled.
 // Or drive it by hand (tests with a SimulatedClock, no threads): call
-// `loop.RunIfDue(ctx)` after moving the clock; NextRunTime() says when.
+// `loop.RunUntilIdle(ctx)` after moving the clock; NextWakeTime() says when.
 //
 // A step whose write is refused as a stale owner (IsStaleOwner) pauses the
 // loop until Resume(): the process no longer owns what the plan writes.
 //
-// Thread safety: Trigger(), Pause(), Resume(), NextRunTime(), last_report()
+// Thread safety: Trigger(), Pause(), Resume(), NextWakeTime(), last_report()
 // and stats() may be called from any thread (Pause() not from inside an
 // execution). Start(), Stop() and the destructor must not race each other
 // (call them from one owner thread). The plan is only used by the thread that
-// runs the loop (Start's thread, Run's or RunIfDue's caller).
+// runs the loop (Start's thread, Run's or RunUntilIdle's caller).
 #ifndef SETPOINT_PLANNER_RECONCILE_LOOP_H_
 #define SETPOINT_PLANNER_RECONCILE_LOOP_H_
 
@@ -119,8 +119,8 @@ struct ReconcileLoopStats {
 class ReconcileLoop {
  public:
   // `plan` must outlive the loop. Bad options are not corrected: Start() and
-  // Run() return kInvalidArgument naming the field, RunIfDue() runs nothing,
-  // and options_status() says why from the start.
+  // Run() return kInvalidArgument naming the field, RunUntilIdle() runs
+  // nothing, and options_status() says why from the start.
   ReconcileLoop(Plan& plan, ReconcileLoopOptions options = {});
   // Calls Stop().
   ~ReconcileLoop();
@@ -130,7 +130,7 @@ class ReconcileLoop {
   // Starts the loop on its own thread; the first execution starts at once.
   // Returns kInvalidArgument for bad options (see options_status()), or
   // kFailedPrecondition if already started or running via Run() or
-  // RunIfDue().
+  // RunUntilIdle().
   absl::Status Start();
   // Cancels the running execution (its context is cancelled), waits for the
   // thread to end. Idempotent.
@@ -139,7 +139,7 @@ class ReconcileLoop {
   // Runs the loop on the calling thread until `ctx` is done (cancelled or past
   // its deadline); returns ctx.Err() then, kInvalidArgument for bad options,
   // or kFailedPrecondition if the loop is already running (Start, Run or
-  // RunIfDue). Waits use options.clock; give
+  // RunUntilIdle). Waits use options.clock; give
   // `ctx` the same clock.
   absl::Status Run(const Context& ctx);
 
@@ -165,13 +165,13 @@ class ReconcileLoop {
   // since the last one has passed) and the loop is not paused, runs it on the
   // calling thread. Returns whether an execution ran: false for a gate skip,
   // and false without doing anything while Start(), Run() or another
-  // RunIfDue() is active, when `ctx` is done, or when the options are bad
+  // RunUntilIdle() is active, when `ctx` is done, or when the options are bad
   // (options_status()). Give `ctx` options.clock.
-  bool RunIfDue(const Context& ctx);
+  bool RunUntilIdle(const Context& ctx);
   // When the next execution is due: absl::InfinitePast() if due now,
   // absl::InfiniteFuture() while paused or while an execution runs (unless a
   // Trigger() asks for one more). Any thread.
-  absl::Time NextRunTime() const;
+  absl::Time NextWakeTime() const;
 
   // OK, or kInvalidArgument naming the bad field of the options (what
   // ValidateReconcileLoopOptions returned for them).
@@ -189,15 +189,15 @@ class ReconcileLoop {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GateOpen();
 
-  // When the next execution is due, as NextRunTime() says.
-  absl::Time NextRunTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the next execution is due, as NextWakeTime() says.
+  absl::Time NextWakeTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // If an execution is due now and the loop is not paused, claims it (clears
   // the trigger, marks it executing) and returns true.
   bool ClaimIfDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a claimed execution on the calling thread — gate, execution_context,
   // Scheduler::Execute, stats, on_report — sets when the next one is due and
   // ends the claim. Returns whether Scheduler::Execute ran. `ctx` is the
-  // Run()/RunIfDue() context.
+  // Run()/RunUntilIdle() context.
   bool RunClaimed(const Context& ctx) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the claim taken by ClaimIfDueLocked; the next execution is due at
   // `next`.
@@ -215,7 +215,7 @@ class ReconcileLoop {
 
   mutable Mutex mu_;
   CondVar cv_;
-  // Run() or RunIfDue() is active, on `loop_thread_`.
+  // Run() or RunUntilIdle() is active, on `loop_thread_`.
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id loop_thread_ ABSL_GUARDED_BY(mu_);
   bool triggered_ ABSL_GUARDED_BY(mu_) = false;

@@ -194,7 +194,7 @@ class Runner {
   // When the earliest pending timer is due (a cancelled one may still be
   // counted), or InfiniteFuture. For manual-mode drivers that move a
   // simulated clock to the next moment something can run. Thread-safe.
-  absl::Time NextTimerTime() const;
+  absl::Time NextWakeTime() const;
 
   // True on the runner's thread (or inside RunUntilIdle).
   bool IsCurrent() const;

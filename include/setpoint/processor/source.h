@@ -11,7 +11,7 @@
 //       {.interval = absl::Seconds(5)});
 //   source.Start();
 //   ...
-//   source.SetFilter([range](const std::string& k) {
+//   source.Rescope([range](const std::string& k) {
 //     return range.Contains(ShardOf(k));
 //   });
 //
@@ -22,20 +22,20 @@
 // back off (BackoffOptions) instead of waiting `interval`.
 //
 // With `manual` set, Start() starts no thread: the owner lists by calling
-// PollIfDue() when NextPollTime() comes on the source's clock, for
+// RunUntilIdle() when NextWakeTime() comes on the source's clock, for
 // deterministic tests of whole controllers on a simulated clock:
 //
 //   PollingSource<std::string, Vm> source(&runner, &vms, list,
 //                                         {.clock = &clock, .manual = true});
 //   source.Start();
-//   source.PollIfDue();    // the first list, on this thread
+//   source.RunUntilIdle();    // the first list, on this thread
 //   runner.RunUntilIdle();
-//   clock.AdvanceTo(source.NextPollTime());
+//   clock.AdvanceTo(source.NextWakeTime());
 //
 // PushSource is for watch-style inputs: the user's own thread calls Set,
 // Delete, Replace, MarkSynced and MarkLostSync.
 //
-// SetFilter (runner thread): the store forgets keys outside the new filter
+// Rescope (runner thread): the store forgets keys outside the new filter
 // (not a delete), loses sync, and the source lists again within it at once;
 // updates listed under the old filter are dropped on arrival. A PushSource
 // calls its on_filter_change so the user can re-list (Replace + MarkSynced).
@@ -43,8 +43,8 @@
 // Shutdown order: Stop() the sources, then the syncer, then the runner; then
 // destroy them. Posts after the runner stopped are refused and logged.
 //
-// Thread safety: SetFilter on the runner thread; Start/Stop and PollIfDue on
-// the owner thread; Trigger, NextPollTime and stats from any thread;
+// Thread safety: Rescope on the runner thread; Start/Stop and RunUntilIdle on
+// the owner thread; Trigger, NextWakeTime and stats from any thread;
 // PushSource's Set/Delete/Replace/Mark* from any thread.
 #ifndef SETPOINT_PROCESSOR_SOURCE_H_
 #define SETPOINT_PROCESSOR_SOURCE_H_
@@ -98,9 +98,9 @@ class Source {
   Source& operator=(const Source&) = delete;
 
   // Runner thread. Re-scopes the store and the source to `filter`.
-  void SetFilter(KeyFilter<K> filter) {
+  void Rescope(KeyFilter<K> filter) {
     SETPOINT_DCHECK_ON_RUNNER(runner_);
-    uint64_t generation = store_->SetFilter(filter);
+    uint64_t generation = store_->Rescope(filter);
     {
       MutexLock l(&mu_);
       filter_ = std::move(filter);
@@ -113,7 +113,7 @@ class Source {
   int64_t updates_refused() const { return refused_.load(); }
 
  protected:
-  // Called after SetFilter, on the runner thread.
+  // Called after Rescope, on the runner thread.
   virtual void OnFilterChanged() = 0;
 
   // The filter and its generation, for the source's own thread.
@@ -176,7 +176,7 @@ struct PollingSourceOptions {
   Clock* clock = nullptr;
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
-  // No thread: the owner lists by calling PollIfDue() (tests on a simulated
+  // No thread: the owner lists by calling RunUntilIdle() (tests on a simulated
   // clock).
   // Default: false.
   bool manual = false;
@@ -213,15 +213,15 @@ class PollingSource : public Source<K, V> {
 
   // Manual mode, owner thread, between Start() and Stop(): lists once, on
   // the calling thread, if a list is due now on the source's clock (see
-  // NextPollTime), and posts the changes to the store as the thread would.
+  // NextWakeTime), and posts the changes to the store as the thread would.
   // Returns whether it listed; false when not due, not in manual mode, not
   // started or stopped.
-  bool PollIfDue();
+  bool RunUntilIdle();
   // When the next list is due: absl::InfinitePast() when it is due now (the
   // first list, after Trigger() or a filter change, or once the time came);
   // otherwise the end of the last list plus the interval (after a good list)
   // or the backoff (after a failed one).
-  absl::Time NextPollTime() const;
+  absl::Time NextWakeTime() const;
 
   // Any thread.
   PollingSourceStats stats() const {
@@ -278,7 +278,7 @@ class PollingSource : public Source<K, V> {
 
 template <class K, class V>
 struct PushSourceOptions {
-  // Called on the runner after SetFilter: list again within the new filter
+  // Called on the runner after Rescope: list again within the new filter
   // and call Replace(...) then MarkSynced().
   // Default: none (the store stays out of sync until MarkSynced).
   std::function<void(const KeyFilter<K>&)> on_filter_change = nullptr;
@@ -403,15 +403,15 @@ void PollingSource<K, V>::Trigger() {
 }
 
 template <class K, class V>
-bool PollingSource<K, V>::PollIfDue() {
+bool PollingSource<K, V>::RunUntilIdle() {
   if (!options_.manual || !started_ || stopped_) return false;
-  if (NextPollTime() > clock_->Now()) return false;
+  if (NextWakeTime() > clock_->Now()) return false;
   PollOnce(Context::Background(clock_));
   return true;
 }
 
 template <class K, class V>
-absl::Time PollingSource<K, V>::NextPollTime() const {
+absl::Time PollingSource<K, V>::NextWakeTime() const {
   const absl::Time now = clock_->Now();
   MutexLock l(&mu_);
   if (triggered_ || next_poll_ <= now) return absl::InfinitePast();

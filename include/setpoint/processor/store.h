@@ -10,7 +10,7 @@
 //
 // A store is in sync once its source says its view is complete (after the
 // first good list) and loses sync when the source does or when its key
-// filter changes. SetFilter() re-scopes the store to a new shard range: keys
+// filter changes. Rescope() re-scopes the store to a new shard range: keys
 // that left it are *forgotten* (ChangeKind::kForget), which is not a delete
 // in the world, and every listener must treat it that way.
 //
@@ -169,7 +169,7 @@ class Store : public Synchronizable {
   // under the old one. The loss of sync is announced before the forgets, so
   // no listener takes them for news of an in-sync view. Returns the new
   // generation for the source.
-  uint64_t SetFilter(KeyFilter<K> filter);
+  uint64_t Rescope(KeyFilter<K> filter);
   const KeyFilter<K>& filter() const { return filter_; }
   uint64_t generation() const { return generation_; }
   bool Selected(const K& key) const { return !filter_ || filter_(key); }
@@ -285,7 +285,7 @@ void Store<K, V>::Apply(StoreUpdate<K, V> update) {
 }
 
 template <class K, class V>
-uint64_t Store<K, V>::SetFilter(KeyFilter<K> filter) {
+uint64_t Store<K, V>::Rescope(KeyFilter<K> filter) {
   CheckOnRunner();
   filter_ = std::move(filter);
   ++generation_;

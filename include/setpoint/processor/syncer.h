@@ -35,7 +35,7 @@
 // - Nothing acts on a partial view: while the syncer is out of sync (an
 //   observed store, or the desired producer, is), no operation starts; on
 //   sync every key is diffed again.
-// - Reset(filter) forgets keys outside a new shard range without deleting
+// - Rescope(filter) forgets keys outside a new shard range without deleting
 //   them, cancels the context of their calls in flight (a call handed over
 //   but not started never starts), and discards their results.
 //   AwaitCallsWithin(filter, ctx) then waits until none of them runs.
@@ -45,13 +45,13 @@
 // - A client that throws is caught: the operation failed with kInternal and
 //   is retried.
 //
-// Wiring for a shard-range change: syncer.Reset(filter) first, then each
-// source's SetFilter(filter), in the same runner event; then, off the
+// Wiring for a shard-range change: syncer.Rescope(filter) first, then each
+// source's Rescope(filter), in the same runner event; then, off the
 // runner, AwaitCallsWithin(filter, ctx). setpoint::Controller does all of
 // it.
 //
 // Thread safety: everything runs on the runner thread except Start(),
-// Stop() and RunQueuedCalls(), which belong to the owner thread, and
+// Stop() and RunUntilIdle(), which belong to the owner thread, and
 // stats() and AwaitCallsWithin(), which are safe from any thread but
 // the runner's. The Client is called on the updater threads.
 // Destroy a syncer after its runner stopped or on the runner thread (never
@@ -191,12 +191,12 @@ struct SyncerOptions {
   // Default: 0.
   uint64_t seed = 0;
   // The stores given to ObserveFrom and DesireFrom are re-scoped with the
-  // same filter as Reset, in the same runner event (setpoint::Controller
+  // same filter as Rescope, in the same runner event (setpoint::Controller
   // does this): the keys they deliver are not checked again. Calls are
   // still checked against the filter before they start.
   // Default: false.
   bool trust_store_filters = false;
-  // No updater threads: calls run when the owner calls RunQueuedCalls(),
+  // No updater threads: calls run when the owner calls RunUntilIdle(),
   // on its thread (deterministic tests of a whole controller).
   // Default: false.
   bool manual_updates = false;
@@ -225,7 +225,7 @@ struct SyncerStats {
   int64_t failures = 0;              // Failed operations that will be retried.
   int64_t terminal_failures = 0;     // Failed with a terminal code.
   int64_t client_threw = 0;          // Of the failures, how many threw.
-  int64_t results_discarded = 0;     // Results for keys forgotten by Reset.
+  int64_t results_discarded = 0;     // Results for keys forgotten by Rescope.
   int64_t ignored_out_of_range = 0;  // Desired/observed keys outside filter.
   int64_t not_started_at_stop = 0;   // Handed to updaters, never started.
   int64_t calls_cancelled = 0;       // Calls cancelled: the key left.
@@ -318,11 +318,11 @@ class Syncer : public Synchronizable,
   // Re-scopes the syncer to `filter` (a new shard range): keys outside it
   // are forgotten, never deleted; their calls in flight are cancelled, and
   // those handed over but not started never start. Runner thread.
-  void Reset(KeyFilter<K> filter);
+  void Rescope(KeyFilter<K> filter);
   // Any thread: from now on no call starts for a key `filter` rejects, and
   // the calls running or handed over for such keys are cancelled — at
   // once, without waiting for the runner (a handoff must not wait behind a
-  // slow runner event to stop the calls). Reset(filter) on the runner
+  // slow runner event to stop the calls). Rescope(filter) on the runner
   // follows; it sets the same filter. An empty filter allows every key.
   void Fence(KeyFilter<K> filter);
   // Calls started from now on carry the values of `values` in their
@@ -336,7 +336,7 @@ class Syncer : public Synchronizable,
                                 const Context& ctx) const;
   // With manual_updates: runs every call handed over, on this thread, and
   // posts the results to the runner. Returns how many ran.
-  int RunQueuedCalls();
+  int RunUntilIdle();
 
   // Per-operation switches (runner thread).
   void EnableCreate(bool on) { SetSwitch(&options_.enable_create, on); }
@@ -366,7 +366,7 @@ class Syncer : public Synchronizable,
     std::optional<O> observed;
     uint64_t desired_version = 0;
     uint64_t observed_seq = 0;
-    // Set by Reset; results dispatched in an older epoch are discarded.
+    // Set by Rescope; results dispatched in an older epoch are discarded.
     uint32_t epoch = 0;
     uint32_t failures = 0;
     absl::Status last_error;
@@ -408,7 +408,7 @@ class Syncer : public Synchronizable,
     Context values;          // Carries the call's values.
     bool cancelled = false;  // Its key left before it started (under mu_).
   };
-  // One pool thread (or the RunQueuedCalls caller) serving this syncer: the
+  // One pool thread (or the RunUntilIdle caller) serving this syncer: the
   // call it runs and the stop source of that call's context. A source is
   // reused for the next call until a cancellation stops it (no allocation
   // per call); it is replaced under mu_, where Fence and Stop use it.
@@ -468,7 +468,7 @@ class Syncer : public Synchronizable,
   bool Serve() override;
   // Runs queued calls on this thread, at most `max_calls` (or until the
   // turn's time is up when `turn`); returns how many ran and sets `*more`
-  // when calls are still queued. Pool threads and RunQueuedCalls.
+  // when calls are still queued. Pool threads and RunUntilIdle.
   int ServeCalls(int max_calls, bool turn, bool* more);
   // Takes the next call to run and records it as running on `seat`; a
   // cancelled one becomes a not-started result instead (returns nullopt).
@@ -546,7 +546,7 @@ class Syncer : public Synchronizable,
   bool drain_posted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
-  // What Fence (or Reset) allows to start; empty: every key.
+  // What Fence (or Rescope) allows to start; empty: every key.
   KeyFilter<K> fence_ ABSL_GUARDED_BY(mu_);
   // Every seat made so far (one per thread serving the syncer at once);
   // the calls running now are the seats' non-null slots.
@@ -808,7 +808,7 @@ absl::Status Syncer<K, D, O>::Start() {
   int threads = 0;
   UpdaterPool* pool = nullptr;
   if (o.manual_updates) {
-    // Calls run in RunQueuedCalls.
+    // Calls run in RunUntilIdle.
   } else if (o.pool != nullptr) {
     pool = o.pool;
     threads = o.pool->threads();
@@ -948,7 +948,7 @@ void Syncer<K, D, O>::DesireFrom(Store<K, D>* store) {
         if (c.kind == ChangeKind::kSet) {
           Desire(c.key, *c.new_value, !options_.trust_store_filters);
         } else {
-          // A delete, or the key left the store's filter (Reset forgot it
+          // A delete, or the key left the store's filter (Rescope forgot it
           // here already): no longer desired.
           DeleteDesired(c.key);
         }
@@ -1116,7 +1116,7 @@ void Syncer<K, D, O>::DeleteObserved(const K& key) {
 }
 
 template <class K, class D, class O>
-void Syncer<K, D, O>::Reset(KeyFilter<K> filter) {
+void Syncer<K, D, O>::Rescope(KeyFilter<K> filter) {
   SETPOINT_DCHECK_ON_RUNNER(runner_);
   filter_ = std::move(filter);
   ++epoch_;
@@ -1253,7 +1253,7 @@ absl::Status Syncer<K, D, O>::AwaitCallsWithin(const KeyFilter<K>& filter,
 }
 
 template <class K, class D, class O>
-int Syncer<K, D, O>::RunQueuedCalls() {
+int Syncer<K, D, O>::RunUntilIdle() {
   bool more = false;
   return ServeCalls(std::numeric_limits<int>::max(), /*turn=*/false, &more);
 }
@@ -1793,8 +1793,8 @@ void Syncer<K, D, O>::ApplyResult(Result& r, absl::Time now) {
   }
   if (!r.started) {
     // Handed over but never started: the intent is still pending. At Stop
-    // nothing more runs; a call refused by Fence before Reset caught up is
-    // worked out again later (by then Reset has usually forgotten it).
+    // nothing more runs; a call refused by Fence before Rescope caught up is
+    // worked out again later (by then Rescope has usually forgotten it).
     e.last_error = r.status;
     if (!stopped_on_runner_) WakeAt(*it, now + options_.backoff.initial);
     return;

@@ -45,8 +45,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
   absl::StatusOr<PollResult> Poll(const Context& ctx,
                                   const PollRequest& request) override;
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id,
-                       ShardAssignment keep) override;
+                       const std::string& node_id, Assignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
                                  const std::string& node_id, ShardRange target,
                                  const std::string& epoch) override;
@@ -74,7 +73,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
   // Writes a record for `node_id` as someone else might (tests of the rule
   // that a node whose record differs from what it holds stops at once).
   void OverwriteHeld(const std::string& kind, const std::string& node_id,
-                     ShardAssignment record);
+                     Assignment record);
 
   // Operations served so far (for tests that count round trips).
   int64_t operations() const;
@@ -82,7 +81,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
  private:
   struct Kind {
     std::map<std::string, absl::Time> expiry;  // Live members' leases.
-    std::map<std::string, ShardAssignment> held;
+    std::map<std::string, Assignment> held;
     uint64_t last_token = 0;
     uint32_t ring_size = 0;  // From the last poll that gave one.
   };

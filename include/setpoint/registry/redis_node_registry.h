@@ -82,8 +82,7 @@ class RedisNodeRegistry : public NodeRegistry {
   absl::StatusOr<PollResult> Poll(const Context& ctx,
                                   const PollRequest& request) override;
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id,
-                       ShardAssignment keep) override;
+                       const std::string& node_id, Assignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
                                  const std::string& node_id, ShardRange target,
                                  const std::string& epoch) override;

@@ -1,6 +1,6 @@
 // ControllerHarness: one controller node run on the test's own thread with
 // a SimulatedClock — runner events, timers, lists, client calls and plan
-// executions run only inside RunUntilQuiet() / Advance(), so a test moves
+// executions run only inside RunUntilIdle() / Advance(), so a test moves
 // time and asserts with no sleep and no wait on real time.
 //
 //   setpoint::testing::SimulatedClock clock({.auto_advance = true});
@@ -59,7 +59,7 @@ class ControllerHarness {
   // Builds and starts the pieces (a Run), then runs what is due.
   absl::Status Start() {
     absl::Status s = controller_.Start();
-    if (s.ok()) RunUntilQuiet();
+    if (s.ok()) RunUntilIdle();
     return s;
   }
   // Stops and destroys the pieces; Start() builds fresh ones again.
@@ -68,34 +68,34 @@ class ControllerHarness {
   // Gives the node `range` under `token` (UpdateShardRange on this
   // thread), then runs what is due.
   absl::Status Assign(ShardRange range, uint64_t token) {
-    absl::Status s = controller_.UpdateShardRange(
-        Context::Background(clock_), ShardAssignment{range, token});
-    RunUntilQuiet();
+    absl::Status s = controller_.UpdateShardRange(Context::Background(clock_),
+                                                  Assignment{range, token});
+    RunUntilIdle();
     return s;
   }
 
   // Runs everything that can run before the clock's now; returns how much.
-  int64_t RunUntilQuiet() { return controller_.RunUntilQuiet(); }
+  int64_t RunUntilIdle() { return controller_.RunUntilIdle(); }
 
   // Moves the clock forward by `d`, stopping at every moment something is
   // due on the way and running it.
   void Advance(absl::Duration d) {
     const absl::Time until = clock_->Now() + d;
-    RunUntilQuiet();
+    RunUntilIdle();
     // Each pass runs at least one due moment; the bound only stops a
     // piece that says it is due but runs nothing.
     for (int passes = 0; passes < 1'000'000; ++passes) {
       absl::Time next = std::max(controller_.NextWakeTime(), clock_->Now());
       if (next > until) break;
       if (next == clock_->Now()) {
-        if (RunUntilQuiet() == 0) clock_->AdvanceTime(absl::Nanoseconds(1));
+        if (RunUntilIdle() == 0) clock_->AdvanceTime(absl::Nanoseconds(1));
         continue;
       }
       clock_->AdvanceTo(next);
-      RunUntilQuiet();
+      RunUntilIdle();
     }
     clock_->AdvanceTo(until);
-    RunUntilQuiet();
+    RunUntilIdle();
   }
 
   // Runs `fn` on the controller's runner (this thread) and returns its

@@ -69,8 +69,7 @@ class FaultyNodeRegistry : public NodeRegistry {
     return base_->Poll(ctx, request);
   }
   absl::Status Release(const Context& ctx, const std::string& kind,
-                       const std::string& node_id,
-                       ShardAssignment keep) override {
+                       const std::string& node_id, Assignment keep) override {
     if (absl::Status s = Fault("release"); !s.ok()) return s;
     return base_->Release(ctx, kind, node_id, keep);
   }

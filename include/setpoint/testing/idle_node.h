@@ -25,8 +25,7 @@ class IdleNode : public Node {
     (void)ctx.Wait(absl::InfiniteDuration());
     return absl::OkStatus();
   }
-  absl::Status UpdateShardRange(const Context&,
-                                const ShardAssignment&) override {
+  absl::Status UpdateShardRange(const Context&, const Assignment&) override {
     return absl::OkStatus();
   }
 };

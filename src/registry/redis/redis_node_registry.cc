@@ -949,9 +949,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
 absl::Status RedisNodeRegistry::Release(const Context& ctx,
                                         const std::string& kind,
                                         const std::string& node_id,
-                                        ShardAssignment keep) {
+                                        Assignment keep) {
   Impl& d = *impl_;
-  if (keep.range.Empty()) keep = ShardAssignment{};
+  if (keep.range.Empty()) keep = Assignment{};
   absl::StatusOr<RedisReply> reply = d.Eval(
       ctx, d.release,
       {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version")},
@@ -1026,8 +1026,8 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
     args.push_back(kind);
     args.push_back(absl::StrCat(ops.releases.size()));
     for (size_t i : ops.releases) {
-      ShardAssignment keep = request.releases[i].keep;
-      if (keep.range.Empty()) keep = ShardAssignment{};
+      Assignment keep = request.releases[i].keep;
+      if (keep.range.Empty()) keep = Assignment{};
       args.push_back(request.releases[i].node_id);
       args.push_back(absl::StrCat(keep.range.begin));
       args.push_back(absl::StrCat(keep.range.end));

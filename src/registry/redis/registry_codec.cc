@@ -163,9 +163,9 @@ absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
   return v;
 }
 
-absl::StatusOr<ShardAssignment> ParseHeld(absl::string_view text) {
+absl::StatusOr<Assignment> ParseHeld(absl::string_view text) {
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
-  ShardAssignment a;
+  Assignment a;
   uint64_t begin = 0, end = 0;
   if (parts.size() != 3 || !ParseDecimal(parts[0], &begin) ||
       !ParseDecimal(parts[1], &end) || !ParseDecimal(parts[2], &a.token) ||
@@ -264,7 +264,7 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
                               id.str)) {
         continue;  // Not a live member: the scripts ignore it too.
       }
-      absl::StatusOr<ShardAssignment> a = ParseHeld(value.str);
+      absl::StatusOr<Assignment> a = ParseHeld(value.str);
       if (!a.ok()) {
         out.warnings.push_back(absl::StrCat("kind ", kinds[k], " node ",
                                             Quote(id.str), ": ",
@@ -390,7 +390,7 @@ absl::StatusOr<RegistryDescription> DecodeDescribeReply(
       }
       auto rec = records.find(id.str);
       if (rec != records.end()) {
-        absl::StatusOr<ShardAssignment> a = ParseHeld(rec->second->str);
+        absl::StatusOr<Assignment> a = ParseHeld(rec->second->str);
         if (a.ok()) {
           m.held = *a;
         } else {

@@ -4,7 +4,7 @@
 // anything.
 //
 //   absl::StatusOr<uint64_t> token = ParseToken("17");
-//   absl::StatusOr<ShardAssignment> held = ParseHeld("0 1024 17");
+//   absl::StatusOr<Assignment> held = ParseHeld("0 1024 17");
 //
 // Thread safety: pure functions.
 #ifndef SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
@@ -29,7 +29,7 @@ absl::StatusOr<uint64_t> ParseToken(absl::string_view text);
 
 // "<begin> <end> <token>" with begin < end (a held range is never empty).
 // kInvalidArgument otherwise.
-absl::StatusOr<ShardAssignment> ParseHeld(absl::string_view text);
+absl::StatusOr<Assignment> ParseHeld(absl::string_view text);
 
 // What one poll returned, decoded.
 struct DecodedPoll {
