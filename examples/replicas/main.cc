@@ -237,9 +237,9 @@ int Main() {
   if (status.ok()) {
     logger->info(
         "status in_sync={} keys={} converged={} pending={} in_flight={} "
-        "awaiting_observation={} failing={} terminal={}",
+        "awaiting_observation={} backing_off={} terminal={}",
         status->in_sync, status->keys, status->converged, status->pending,
-        status->in_flight, status->awaiting_observation, status->failing,
+        status->in_flight, status->awaiting_observation, status->backing_off,
         status->terminal);
     for (const auto& f : status->failures) {
       logger->info("failing container={} failures={} terminal={}: {}", f.key,

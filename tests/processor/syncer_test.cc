@@ -324,7 +324,7 @@ TEST_F(SyncerTest, StopCancelsItsOwnWakeUpSoTheRunnerDropsNothing) {
   fake_->FailNext(1);  // A backoff: the syncer arms a wake-up timer.
   SetDesired("a", 1);
   ASSERT_TRUE(AwaitCondition([&] { return syncer_->stats().failures == 1; }));
-  ASSERT_TRUE(AwaitCondition([&] { return Status().failing == 1; }));
+  ASSERT_TRUE(AwaitCondition([&] { return Status().backing_off == 1; }));
   syncer_->Stop();
   runner_->Stop();
   EXPECT_EQ(runner_->stats().timers_dropped, 0);
@@ -408,7 +408,7 @@ TEST_F(SyncerTest, BackoffDoublesPerFailureResetsOnSuccessAndHonoursHints) {
   EXPECT_EQ(s.failures[0].failures, 2);
   EXPECT_FALSE(s.failures[0].terminal);
   EXPECT_EQ(s.failures[0].next_attempt, t2 + absl::Seconds(2));
-  EXPECT_EQ(s.failing, 1);
+  EXPECT_EQ(s.backing_off, 1);
 
   // A new desired value during the backoff neither retries earlier nor
   // counts as a failure.
@@ -863,7 +863,7 @@ TEST_F(SyncerTest, StopWithOperationsInFlightCancelsThemAndCountsTheRest) {
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.keys, 6);
   EXPECT_EQ(s.in_flight, 0);
-  EXPECT_EQ(s.pending + s.failing, 6);
+  EXPECT_EQ(s.pending + s.backing_off, 6);
   EXPECT_EQ(s.converged, 0);
   // Work that appears after Stop starts nothing.
   SetDesired("late", 1);
@@ -1075,7 +1075,7 @@ TEST_F(SyncerTest, AStaleOwnerRefusalIsNotRetriedUntilNewCallValues) {
       AwaitCondition([&] { return syncer_->stats().stale_refusals == 1; }));
   SyncerStatus<std::string> s = Status();
   EXPECT_EQ(s.stale, 1);
-  EXPECT_EQ(s.failing, 0);
+  EXPECT_EQ(s.backing_off, 0);
   EXPECT_EQ(s.terminal, 0);  // Its code is kFailedPrecondition, a terminal one.
   EXPECT_EQ(s.pending, 0);
   ASSERT_EQ(s.failures.size(), 1u);
@@ -1399,7 +1399,7 @@ TEST(SyncerStartTest, InvalidOptionsAreRefusedNamingTheField) {
     void (*set)(IntSyncer::Options&);
   };
   const Case cases[] = {
-      {"max_in_flight", [](IntSyncer::Options& o) { o.max_in_flight = 0; }},
+      {"max_in_flight", [](IntSyncer::Options& o) { o.max_in_flight = -1; }},
       {"updater_threads",
        [](IntSyncer::Options& o) { o.updater_threads = -1; }},
       {"rate_limit", [](IntSyncer::Options& o) { o.rate_limit = -1; }},
@@ -1435,7 +1435,8 @@ TEST(SyncerStartTest, InvalidOptionsAreRefusedNamingTheField) {
           << c.field;
     }
   }
-  IntSyncer no_client(&runner, nullptr, {.logger = NullLogger()});
+  IntSyncer no_client(&runner, static_cast<IntSyncer::Client*>(nullptr),
+                      {.logger = NullLogger()});
   EXPECT_THAT(no_client.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("client")));
 

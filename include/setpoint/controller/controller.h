@@ -347,8 +347,16 @@ void AppendSyncerStatusJson(std::string* out, const std::string& name,
                   ",\"keys\":", s.keys, ",\"converged\":", s.converged,
                   ",\"pending\":", s.pending, ",\"in_flight\":", s.in_flight,
                   ",\"awaiting_observation\":", s.awaiting_observation,
-                  ",\"failing\":", s.failing, ",\"terminal\":", s.terminal,
-                  ",\"stale\":", s.stale);
+                  ",\"backing_off\":", s.backing_off,
+                  ",\"terminal\":", s.terminal, ",\"stale\":", s.stale,
+                  ",\"paused\":", s.paused ? "true" : "false");
+  if (s.paused) {
+    out->append(",\"paused_since\":");
+    AppendJsonString(out, absl::FormatTime(absl::RFC3339_full, s.paused_since,
+                                           absl::UTCTimeZone()));
+    out->append(",\"pause_error\":");
+    AppendJsonString(out, s.pause_error.ToString());
+  }
   absl::StrAppendFormat(out, ",\"longest_pending_seconds\":%.3f",
                         absl::ToDoubleSeconds(s.longest_pending));
   absl::StrAppend(out, ",\"creates\":", c.creates, ",\"updates\":", c.updates,
@@ -406,6 +414,12 @@ class SyncPiece final : public ControllerPiece {
       not_ready->push_back(absl::StrCat("syncer ", syncer_.name(),
                                         " not in sync (its inputs are not "
                                         "complete: nothing acts)"));
+    }
+    if (s.paused) {
+      not_ready->push_back(absl::StrCat(
+          "syncer ", syncer_.name(),
+          " paused: the world is unreachable (one probe at a time): ",
+          s.pause_error.message()));
     }
     AppendSyncerStatusJson(json, syncer_.name(), s, syncer_.stats());
   }
