@@ -20,7 +20,9 @@
 // nothing runs outside the dispatcher's view.
 //
 // Results go back to the runner in batches: a drain is requested when a
-// thread runs out of calls, when 64 results wait, or after a slow call
+// thread runs out of calls, when hand_back results wait (a quarter of the
+// syncer's max_in_flight: the runner refills while calls run), after a
+// batch call, or after a slow call
 // (its result should not wait for the next ones). Help: a thread that
 // takes a call while more wait asks the pool for another thread, unless
 // the client's calls are fast (a moving average under 20 us): then one
@@ -31,7 +33,6 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr size_t kHandBack = 64;
 constexpr int64_t kSlowCallNs = 50'000;
 constexpr int64_t kFastClientNs = 20'000;
 constexpr auto kTurn = std::chrono::milliseconds(1);
@@ -229,7 +230,10 @@ void CallDispatcher::RefuseLocked(DispatchedCall* call) {
 
 bool CallDispatcher::WantDrainLocked(bool now) {
   if (results_.empty() || drain_requested_) return false;
-  if (!now && results_.size() < kHandBack) return false;
+  if (!now && !batch_ &&
+      results_.size() < static_cast<size_t>(options_.hand_back)) {
+    return false;
+  }
   drain_requested_ = true;
   return true;
 }

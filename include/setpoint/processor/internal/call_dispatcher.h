@@ -74,6 +74,10 @@ struct CallDispatcherOptions {
   int max_batch = 0;
   // Batch calls running at once (batch mode).
   int max_batches = 1;
+  // Finished calls handed back to the runner at once, at most (per-key
+  // mode): small enough that the runner refills the queue while the
+  // updater still runs calls, so neither thread waits for the other.
+  int hand_back = 16;
   // Each client call's context gets this deadline; zero: none.
   absl::Duration operation_timeout = absl::ZeroDuration();
   Clock* clock = nullptr;  // For the calls' contexts. Required.
