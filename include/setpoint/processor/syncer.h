@@ -505,6 +505,6 @@ class Syncer : public Synchronizable,
 
 }  // namespace setpoint
 
-#include "setpoint/processor/internal/syncer_impl.h"  // IWYU pragma: export
+#include "setpoint/processor/internal/syncer_calls.h"  // IWYU pragma: export
 
 #endif  // SETPOINT_PROCESSOR_SYNCER_H_
