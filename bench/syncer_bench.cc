@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -501,6 +502,138 @@ BENCHMARK(BM_SyncerApply)
     ->Args({8, 0})
     ->Args({256, 1})
     ->Args({256, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- Batch apply ----------------------------------------------------------
+//
+// As BM_SyncerApply with a BatchSyncerClient that does nothing: 200,000
+// fresh keys, each one create, in batch calls of up to max_batch operations
+// with max_batches_in_flight calls at once (the defaults: 100 and 1, on a
+// private pool of one updater thread). Timed: from the first SetDesired to
+// the last create counted. The no-op client makes the figure the Syncer's
+// own cost per operation: one thread crossing per batch each way.
+
+class NoopBatchClient final : public BatchSyncerClient<std::string, int, int> {
+ public:
+  int64_t operations() const { return ops_.load(std::memory_order_relaxed); }
+  absl::Status Apply(
+      const Context&,
+      std::span<SyncOperation<std::string, int, int>> ops) override {
+    ops_.fetch_add(static_cast<int64_t>(ops.size()), std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::atomic<int64_t> ops_{0};
+};
+
+void BM_SyncerBatchApply(benchmark::State& state) {
+  constexpr int64_t kOps = 200'000;
+  constexpr int64_t kBatch = 1'000;
+  const std::vector<std::string>& keys = Keys(kOps);
+  for (auto _ : state) {
+    Runner runner({.name = "bench", .logger = testing::NullLogger()});
+    NoopBatchClient client;
+    IntSyncer syncer(&runner, &client,
+                     {.name = "bench",
+                      .max_batch = static_cast<int>(state.range(0)),
+                      .max_batches_in_flight = static_cast<int>(state.range(1)),
+                      .logger = testing::NullLogger()});
+    syncer.MarkDesiredComplete();
+    if (!syncer.Start().ok() || !runner.Start().ok()) {
+      state.SkipWithError("runner or syncer did not start");
+      break;
+    }
+    Clock::time_point t0 = Clock::now();
+    for (int64_t b = 0; b < kOps / kBatch; ++b) {
+      (void)runner.Post(
+          [&, b] {
+            for (int64_t j = b * kBatch; j < (b + 1) * kBatch; ++j) {
+              syncer.SetDesired(keys[j], 1);
+            }
+          },
+          "bench apply");
+    }
+    Clock::time_point deadline = t0 + std::chrono::seconds(30);
+    while (syncer.stats().creates < kOps && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    Clock::time_point t1 = Clock::now();
+    state.SetIterationTime(Seconds(t1 - t0));
+    SyncerStats c = syncer.stats();
+    if (c.creates != kOps || client.operations() != kOps || c.failures != 0) {
+      state.SkipWithError(absl::StrCat("creates=", c.creates,
+                                       " ops=", client.operations(),
+                                       " failures=", c.failures, " want=", kOps)
+                              .c_str());
+      break;
+    }
+    state.counters["batches"] = static_cast<double>(c.batches);
+    syncer.Stop();
+    runner.Stop();
+  }
+  state.SetItemsProcessed(state.iterations() * kOps);
+}
+BENCHMARK(BM_SyncerBatchApply)
+    ->ArgNames({"max_batch", "in_flight"})
+    ->Args({100, 1})
+    ->Args({1000, 1})
+    ->Args({100, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- One-thread cost -------------------------------------------------------
+//
+// The Syncer's own CPU cost per operation, without thread crossings: a
+// manual runner and manual updates on the benchmark's thread, 200,000 fresh
+// keys, each one create through a no-op client (batch:0) or a no-op batch
+// client (batch:1, max_batch 100). Timed: SetDesired of every key, then
+// running events and calls until every create is counted. A ceiling for
+// BM_SyncerApply and BM_SyncerBatchApply, where the runner's share of this
+// cost runs beside the updater's.
+void BM_SyncerApplyOneThread(benchmark::State& state) {
+  constexpr int64_t kOps = 200'000;
+  const std::vector<std::string>& keys = Keys(kOps);
+  const bool batch = state.range(0) != 0;
+  for (auto _ : state) {
+    Runner runner({.name = "bench", .logger = testing::NullLogger()});
+    NoopClient client;
+    NoopBatchClient batch_client;
+    IntSyncer::Options options{.name = "bench",
+                               .batch_delay = absl::ZeroDuration(),
+                               .manual_updates = true,
+                               .logger = testing::NullLogger()};
+    std::unique_ptr<IntSyncer> syncer =
+        batch ? std::make_unique<IntSyncer>(&runner, &batch_client, options)
+              : std::make_unique<IntSyncer>(
+                    &runner, static_cast<IntClient*>(&client), options);
+    syncer->MarkDesiredComplete();
+    if (!syncer->Start().ok()) {
+      state.SkipWithError("syncer did not start");
+      break;
+    }
+    Clock::time_point t0 = Clock::now();
+    for (int64_t j = 0; j < kOps; ++j) syncer->SetDesired(keys[j], 1);
+    while (syncer->stats().creates < kOps) {
+      const int64_t events = runner.RunUntilIdle();
+      const int calls = syncer->RunUntilIdle();
+      if (events == 0 && calls == 0) break;
+    }
+    state.SetIterationTime(Seconds(Clock::now() - t0));
+    if (syncer->stats().creates != kOps) {
+      state.SkipWithError("not every create was counted");
+      break;
+    }
+    syncer->Stop();
+    runner.RunUntilIdle();
+  }
+  state.SetItemsProcessed(state.iterations() * kOps);
+}
+BENCHMARK(BM_SyncerApplyOneThread)
+    ->ArgName("batch")
+    ->Arg(0)
+    ->Arg(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

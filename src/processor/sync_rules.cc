@@ -85,12 +85,8 @@ void ClearFailures(KeyState& s) {
 Decision Evaluate(KeyState& s, SyncOp op, bool has_observed, int64_t now,
                   bool in_sync, const KeyRules& rules) {
   if (s.in_flight != SyncOp::kNone) return {Next::kIdle};  // Its result.
-  if (s.expect_op != SyncOp::kNone) {
-    const bool seen =
-        s.observed_seq != s.expect_observed_seq &&
-        (s.expect_op == SyncOp::kDelete ? !has_observed : has_observed);
-    if (!seen && now < s.expect_until) return {Next::kExpect, s.expect_until};
-    s.expect_op = SyncOp::kNone;
+  if (AwaitingObservation(s, has_observed, now)) {
+    return {Next::kExpect, s.expect_until};
   }
   if (op == SyncOp::kNone) {
     // In sync with the world: whatever failed before is moot.

@@ -125,7 +125,9 @@ void SyncerCounters::Add(Kind kind, int64_t n) {
 void SyncerCounters::Op(SyncOp op, Result result) {
   if (op == SyncOp::kNone) return;
   const int i = OpIndex(op);
-  ops_[i][result].fetch_add(1, std::memory_order_relaxed);
+  // One writer (the syncer's runner): no read-modify-write needed.
+  ops_[i][result].store(ops_[i][result].load(std::memory_order_relaxed) + 1,
+                        std::memory_order_relaxed);
   if (op_cells_[i][result] == nullptr) return;
   op_cells_[i][result]->Increment();
   if (result == kError) retries_->Increment();

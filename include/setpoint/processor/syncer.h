@@ -394,9 +394,10 @@ class Syncer : public Synchronizable,
  private:
   using Table = internal::SyncTable<K, D, O>;
   using Slot = typename Table::Slot;
-  // One operation handed to the dispatcher, with copies of its values.
+  // One operation handed to the dispatcher, with copies of its values. The
+  // key is its slot's: a slot with an operation in flight is never erased.
   struct Work : internal::DispatchedCall {
-    K key{};
+    const K* key = nullptr;
     std::optional<D> desired;
     std::optional<O> observed;
     SyncOp op = SyncOp::kNone;

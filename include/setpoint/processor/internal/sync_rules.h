@@ -89,6 +89,20 @@ struct Decision {
 // observed values there are and whether they differ.
 SyncOp ComputeOp(bool has_desired, bool has_observed, bool differ);
 
+// True while the key's last success waits to be observed (until
+// expect_until); ends the wait (clears expect_op) once it is seen or timed
+// out. Evaluate starts with it; the Syncer calls it first on its hot path,
+// before it computes the key's operation.
+inline bool AwaitingObservation(KeyState& s, bool has_observed, int64_t now) {
+  if (s.expect_op == SyncOp::kNone) return false;
+  const bool seen =
+      s.observed_seq != s.expect_observed_seq &&
+      (s.expect_op == SyncOp::kDelete ? !has_observed : has_observed);
+  if (!seen && now < s.expect_until) return true;
+  s.expect_op = SyncOp::kNone;
+  return false;
+}
+
 // Works the key out: its wait, or ready to start `op` (ComputeOp of its
 // values). `in_sync`: the syncer's inputs are complete. Updates the
 // bookkeeping that depends only on these inputs (clears the failures of a
@@ -187,6 +201,9 @@ class WorldPause {
   void Clear();
 
   bool paused() const { return paused_; }
+  // Paused, or a streak of unreachable results has begun: a success must
+  // be reported (OnResult) to end it. When false, successes need not be.
+  bool busy() const { return paused_ || streak_ > 0; }
   // Paused and a probe may start at `now`.
   bool ProbeDue(int64_t now) const;
   // Paused: a probe started now.

@@ -1,6 +1,6 @@
 // SyncTable: the Syncer's entries in a flat store: slots in fixed chunks
 // (no heap node per key, stable addresses) and an index of slot ids by
-// key that stores no key of its own (it hashes the slot's key).
+// key that stores no key of its own, only each key's hash.
 //
 //   SyncTable<std::string, Spec, Vm> table;
 //   auto [id, inserted] = table.FindOrInsert("web-1");
@@ -52,19 +52,22 @@ class SyncTable {
     return it == index_.end() ? kNoSlot : it->id;
   }
   // The slot of `key`, made empty when there was none; and whether it was.
+  // One hash of the key per call: the index keeps each key's hash, so
+  // neither the insert nor a rehash hashes a key again.
   template <class Key>
   std::pair<uint32_t, bool> FindOrInsert(Key&& key) {
-    auto it = index_.find(key);
+    const size_t hash = absl::Hash<K>{}(key);
+    auto it = index_.find(key, hash);
     if (it != index_.end()) return {it->id, false};
     const uint32_t id = Allocate();
     ::new (static_cast<void*>(&At(id)))
         Slot{K(std::forward<Key>(key)), std::nullopt, std::nullopt, KeyState{}};
     live_[id] = true;
-    index_.insert(SlotId{id});
+    index_.insert(SlotId{id, hash});
     return {id, true};
   }
   void Erase(uint32_t id) {
-    index_.erase(SlotId{id});
+    index_.erase(At(id).key);
     At(id).~Slot();
     live_[id] = false;
     free_.push_back(id);
@@ -99,23 +102,24 @@ class SyncTable {
   // not mix with ids).
   struct SlotId {
     uint32_t id;
+    size_t hash;  // Of the slot's key.
   };
   struct IdHash {
     using is_transparent = void;
     const SyncTable* table;
-    size_t operator()(SlotId s) const {
-      return absl::Hash<K>{}(table->At(s.id).key);
-    }
+    size_t operator()(const SlotId& s) const { return s.hash; }
     size_t operator()(const K& key) const { return absl::Hash<K>{}(key); }
   };
   struct IdEq {
     using is_transparent = void;
     const SyncTable* table;
-    bool operator()(SlotId a, SlotId b) const { return a.id == b.id; }
-    bool operator()(SlotId a, const K& b) const {
+    bool operator()(const SlotId& a, const SlotId& b) const {
+      return a.id == b.id;
+    }
+    bool operator()(const SlotId& a, const K& b) const {
       return table->At(a.id).key == b;
     }
-    bool operator()(const K& a, SlotId b) const {
+    bool operator()(const K& a, const SlotId& b) const {
       return a == table->At(b.id).key;
     }
   };
@@ -131,7 +135,7 @@ class SyncTable {
       return id;
     }
     if ((made_ & (kChunk - 1)) == 0) {
-      chunks_.push_back(std::make_unique<Storage[]>(kChunk));
+      chunks_.push_back(std::make_unique_for_overwrite<Storage[]>(kChunk));
       live_.resize(live_.size() + kChunk, false);
     }
     return made_++;

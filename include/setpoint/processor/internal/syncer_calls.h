@@ -205,7 +205,7 @@ bool Syncer<K, D, O>::HandOver(int64_t now,
     Evaluate(id, now);
     return true;
   }
-  if (!bucket_.Take(internal::FromNanos(now))) {
+  if (options_.rate_limit > 0 && !bucket_.Take(internal::FromNanos(now))) {
     ArmTimer(internal::ToNanos(bucket_.NextToken(internal::FromNanos(now))));
     return false;
   }
@@ -216,7 +216,7 @@ bool Syncer<K, D, O>::HandOver(int64_t now,
   ++in_flight_;
   Work* w = NewWork();
   w->slot = id;
-  w->key = s.key;
+  w->key = &s.key;  // Stable: a slot in flight is never erased.
   w->op = op;
   w->desired = s.desired;
   w->observed = s.observed;
@@ -285,11 +285,11 @@ void Syncer<K, D, O>::Execute(
       w.status = CallUserCode(SyncOpName(w.op), [&]() -> absl::Status {
         switch (w.op) {
           case SyncOp::kCreate:
-            return client_->Create(ctx, w.key, *w.desired);
+            return client_->Create(ctx, *w.key, *w.desired);
           case SyncOp::kUpdate:
-            return client_->Update(ctx, w.key, *w.desired, *w.observed);
+            return client_->Update(ctx, *w.key, *w.desired, *w.observed);
           case SyncOp::kDelete:
-            return client_->Delete(ctx, w.key, *w.observed);
+            return client_->Delete(ctx, *w.key, *w.observed);
           case SyncOp::kNone:
             break;
         }
@@ -305,7 +305,7 @@ void Syncer<K, D, O>::Execute(
     Work& w = static_cast<Work&>(*c);
     ops.push_back(SyncOperation<K, D, O>{
         .op = w.op,
-        .key = &w.key,
+        .key = w.key,
         .desired = w.desired.has_value() ? &*w.desired : nullptr,
         .observed = w.observed.has_value() ? &*w.observed : nullptr,
         .status = absl::OkStatus()});
@@ -355,13 +355,13 @@ void Syncer<K, D, O>::ApplyResult(Work& w, int64_t now) {
   --in_flight_;
   bool requeue = w.requeue;
   if (w.probe && (!w.started || w.fenced)) pause_.ProbeAbandoned();
-  if (w.started && !w.fenced) {
+  if (w.started && !w.fenced && (!w.status.ok() || w.probe || pause_.busy())) {
     const bool unreachable =
         !w.status.ok() && !IsStaleOwner(w.status) &&
         internal::HasCode(pause_rules_.codes, w.status.code());
     if (unreachable && pause_.paused()) requeue = true;  // Not its failure.
     const auto change = pause_.OnResult(
-        pause_rules_, !unreachable, unreachable ? absl::Hash<K>{}(w.key) : 0,
+        pause_rules_, !unreachable, unreachable ? absl::Hash<K>{}(*w.key) : 0,
         w.probe, now, std::uniform_real_distribution<double>(0, 1)(rng_),
         w.status);
     if (change == internal::WorldPause::Change::kPaused) {
@@ -413,7 +413,7 @@ void Syncer<K, D, O>::ApplyResult(Work& w, int64_t now) {
       SPDLOG_LOGGER_INFO(logger_,
                          "syncer result discarded, key left the range "
                          "syncer={} key={} op={}: {}",
-                         name(), internal::KeyForLog(w.key), SyncOpName(w.op),
+                         name(), internal::KeyForLog(*w.key), SyncOpName(w.op),
                          w.status);
       if (rules.selected) {
         MarkDirty(id);
@@ -440,15 +440,15 @@ void Syncer<K, D, O>::ApplyResult(Work& w, int64_t now) {
         SPDLOG_LOGGER_WARN(logger_,
                            "syncer {} refused as a stale owner, not retried "
                            "under this assignment syncer={} key={}: {}",
-                           SyncOpName(w.op), name(), internal::KeyForLog(w.key),
-                           w.status);
+                           SyncOpName(w.op), name(),
+                           internal::KeyForLog(*w.key), w.status);
       }
       break;
     case Outcome::kSuccess:
       counters_.Op(w.op, Counters::kSuccess);
       Unexpect(id);
       SETPOINT_LOG_DEBUG(logger_, "syncer {} done syncer={} key={}",
-                         SyncOpName(w.op), name(), internal::KeyForLog(w.key));
+                         SyncOpName(w.op), name(), internal::KeyForLog(*w.key));
       break;
     case Outcome::kTerminal:
       counters_.Op(w.op, Counters::kTerminal);
@@ -486,7 +486,7 @@ template <class K, class D, class O>
 void Syncer<K, D, O>::WarnFailure(int64_t now, const Work& w, const char* what,
                                   absl::Duration retry_in) {
   const int failures = table_[w.slot].state.failures;
-  const std::string key = internal::KeyForLog(w.key);
+  const std::string key = internal::KeyForLog(*w.key);
   if (internal::AddNanos(last_warning_, absl::ToInt64Nanoseconds(
                                             options_.warning_interval)) > now) {
     ++warnings_suppressed_;

@@ -7,8 +7,9 @@
 // The metric names (setpoint_syncer_*) are listed in docs/operations.md;
 // every series exists from construction, at 0.
 //
-// Thread safety: Add, Op, ObserveDuration, ObserveBatch and Read from any
-// thread (relaxed atomics); PublishStatus from one thread at a time.
+// Thread safety: Add, ObserveDuration, ObserveBatch and Read from any
+// thread (relaxed atomics); Op and PublishStatus from one thread at a time
+// (the syncer's runner).
 #ifndef SETPOINT_PROCESSOR_INTERNAL_SYNCER_COUNTERS_H_
 #define SETPOINT_PROCESSOR_INTERNAL_SYNCER_COUNTERS_H_
 

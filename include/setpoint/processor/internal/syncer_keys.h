@@ -246,7 +246,7 @@ template <class Work, class K>
 CallDispatcher::Filter CallFilter(KeyFilter<K> filter) {
   if (!filter) return nullptr;
   return [filter = std::move(filter)](const DispatchedCall& c) {
-    return filter(static_cast<const Work&>(c).key);
+    return filter(*static_cast<const Work&>(c).key);
   };
 }
 }  // namespace internal
@@ -385,6 +385,10 @@ void Syncer<K, D, O>::Evaluate(uint32_t id, int64_t now) {
   Slot& s = table_[id];
   internal::KeyState& st = s.state;
   if (st.in_flight != SyncOp::kNone) return;  // Its result evaluates again.
+  if (internal::AwaitingObservation(st, s.observed.has_value(), now)) {
+    Expect(id);
+    return;
+  }
   const internal::Decision d = internal::Evaluate(
       st, Compute(s), s.observed.has_value(), now, InSync(), rules_);
   if (d.next != internal::Next::kExpect) Unexpect(id);
