@@ -26,7 +26,7 @@
 //   (execution_delay). A batch client gets up to max_batch operations of
 //   different keys per call, max_batches_in_flight calls at once.
 // - A failed operation is retried for its key with capped exponential
-//   backoff and jitter (100 ms -> 30 s), reset on success. A retry-after
+//   backoff and jitter (10 ms -> 30 s), reset on success. A retry-after
 //   hint (WithRetryAfter) replaces the delay. Terminal codes are not
 //   retried until the key's desired or observed value changes.
 // - When the world is unreachable (pause_codes from many keys in a row),
@@ -191,10 +191,12 @@ struct SyncerOptions {
   // a burst becomes one operation. Zero: start as soon as possible.
   // Default: 0.
   absl::Duration execution_delay = absl::ZeroDuration();
-  // Per-key retry delays after a failure. The cap is short because a world
-  // that is down pauses the syncer instead (pause_after).
-  // Default: 100 ms doubling to 30 s, jitter 0.2.
-  BackoffOptions backoff = {.initial = absl::Milliseconds(100),
+  // Per-key retry delays after a failure. They start short, as client-go's
+  // per-item limiter does (5 ms), because a busy API frees up within
+  // milliseconds, and end at a short cap, because a world that is down
+  // pauses the syncer instead (pause_after).
+  // Default: 10 ms doubling to 30 s, jitter 0.2.
+  BackoffOptions backoff = {.initial = absl::Milliseconds(10),
                             .max = absl::Seconds(30),
                             .multiplier = 2,
                             .jitter = 0.2};
