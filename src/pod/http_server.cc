@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -249,7 +250,12 @@ struct HttpServer::Impl {
       }
       counts.accepted.fetch_add(1);
       counts.open.fetch_add(1);
+      Conn& added = *c;
       conns.emplace(c->id, std::move(c));
+      // A request that came with the connection (a probe's does) is read
+      // now: once being served, it is not among those a later accept may
+      // close at the limit.
+      if (ReadIn(added)) Advance(added);
     }
   }
 
@@ -259,9 +265,18 @@ struct HttpServer::Impl {
     Conn* oldest = nullptr;
     for (Phase phase : {Phase::kIdle, Phase::kDraining, Phase::kHead}) {
       for (const auto& [id, c] : conns) {
-        if (c->phase == phase &&
-            (oldest == nullptr || c->since < oldest->since))
-          oldest = c.get();
+        if (c->phase != phase ||
+            (oldest != nullptr && c->since >= oldest->since)) {
+          continue;
+        }
+        // An idle connection whose next request is arriving is not idle:
+        // closing it now would reset the request.
+        int unread = 0;
+        if (phase == Phase::kIdle && ioctl(c->fd, FIONREAD, &unread) == 0 &&
+            unread > 0) {
+          continue;
+        }
+        oldest = c.get();
       }
       if (oldest != nullptr) break;
     }

@@ -313,31 +313,12 @@ class Load {
     std::string buffer;
     while (!stop_.load()) {
       const absl::Time start = absl::Now();
-      const absl::Time deadline = start + options_.scrape_timeout;
-      if (fd < 0) {
-        fd = ConnectAsync(port_);
-        buffer.clear();
-      }
-      Answer a;
-      if (fd >= 0 &&
-          SendAll(fd, Get(options_.scrape_path, /*close_after=*/false),
-                  deadline)) {
-        a = ReadAnswer(fd, deadline, &buffer);
-      }
+      Answer a = ScrapeOnce(&fd, &buffer, start + options_.scrape_timeout);
       if (a.status == 200) {
         scrapes_.fetch_add(1);
         AddScrapeSeconds(absl::ToDoubleSeconds(absl::Now() - start));
-      } else if (a.error == "closed" && buffer.empty() &&
-                 absl::Now() - start < options_.scrape_timeout) {
-        // The server ended the keep-alive connection between requests (its
-        // idle timeout or request cap): a client reconnects; not a failure.
       } else if (!stop_.load()) {
         scrape_failures_.fetch_add(1);
-      }
-      if (a.status != 200 || absl::StrContains(absl::AsciiStrToLower(a.head),
-                                               "connection: close")) {
-        if (fd >= 0) close(fd);
-        fd = -1;
       }
       const absl::Time next = start + options_.scrape_interval;
       while (!stop_.load() && absl::Now() < next) {
@@ -345,6 +326,38 @@ class Load {
       }
     }
     if (fd >= 0) close(fd);
+  }
+
+  // One GET on the kept connection (opened if there is none). A kept
+  // connection that the server closed before any byte of the answer (its
+  // idle timeout, request cap or connection limit raced the request) is
+  // retried once on a new one, as HTTP clients do for idempotent requests.
+  Answer ScrapeOnce(int* fd, std::string* buffer, absl::Time deadline) {
+    Answer a;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool reused = *fd >= 0;
+      if (!reused) {
+        *fd = ConnectAsync(port_);
+        buffer->clear();
+      }
+      a = Answer{};
+      if (*fd >= 0 &&
+          SendAll(*fd, Get(options_.scrape_path, /*close_after=*/false),
+                  deadline)) {
+        a = ReadAnswer(*fd, deadline, buffer);
+      }
+      const bool keep =
+          a.status == 200 && !absl::StrContains(absl::AsciiStrToLower(a.head),
+                                                "connection: close");
+      if (!keep && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+      }
+      const bool raced = reused && a.status == 0 && a.head.empty() &&
+                         (a.error == "closed" || a.error == "reset");
+      if (!raced) break;
+    }
+    return a;
   }
 
   void AddScrapeSeconds(double s) {
