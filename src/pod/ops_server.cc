@@ -49,6 +49,7 @@ HttpAnswer Serve(const OpsServerOptions& o, const HttpHead& head) {
   if (head.path == "/healthz") return Probe(o.liveness, "not healthy");
   if (head.path == "/readyz") return Probe(o.readiness, "not ready");
   if (head.path == "/metrics") {
+    if (o.before_metrics) o.before_metrics();
     HttpAnswer a =
         Text(200, o.metrics != nullptr ? PrometheusText(*o.metrics) : "");
     a.content_type = kPrometheusTextContentType;

@@ -57,6 +57,10 @@ struct OpsServerOptions {
   // Default: none (always ok).
   std::function<std::vector<std::string>()> liveness = nullptr;
   std::function<std::vector<std::string>()> readiness = nullptr;
+  // Called on the scraping thread before each /metrics is rendered, to set
+  // the gauges of what is read rather than kept (a pod's readiness).
+  // Default: none.
+  std::function<void()> before_metrics = nullptr;
   // The JSON object served at /statusz. Default: "{}".
   std::function<std::string()> status = nullptr;
   // A request's body beyond this is refused (413), for every method.

@@ -70,10 +70,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "setpoint/base/metrics.h"
 #include "setpoint/node/node_manager.h"
@@ -177,9 +179,25 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> MakeNodeRegistry(
 
 // A formatter that writes each message as one JSON object on one line:
 // time (RFC 3339, UTC, microseconds), level (trace, debug, info, warn,
-// error, critical), logger and msg. Strings are JSON-escaped; control bytes
-// become \uXXXX, and bytes that are not UTF-8 become U+FFFD.
-std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter();
+// error, critical), logger, then the fields of LogFields (pod, node, kind,
+// component, key: those there are), then msg, unchanged. Strings are
+// JSON-escaped; control bytes become \uXXXX, and bytes that are not UTF-8
+// become U+FFFD. `pod` is the pod field of lines that name none.
+std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter(std::string pod = "");
+
+// The fields a JSON log line carries beside msg, read from the house format
+// of messages ("event phrase key=value key=\"quoted\" ..."):
+//   node       node=, else the logger's name when it is a node id
+//              (<pod>/<kind>/<index>: a controller's parts log through a
+//              logger named so);
+//   pod, kind  pod= and kind=, else the parts of the node id, else (pod)
+//              `pod`;
+//   component  component=, else the first of syncer=, source=, plan=,
+//              runner= as "<part>/<name>" ("syncer/records");
+//   key        key=.
+// In that order, each at most once, empty ones left out.
+std::vector<std::pair<std::string, std::string>> LogFields(
+    absl::string_view msg, absl::string_view logger, absl::string_view pod);
 
 // A logger named `name` at `args.log_level` in `args.log_format`, writing to
 // `sink` (Default: a stderr sink, coloured when it is a terminal and the
