@@ -202,7 +202,8 @@ TEST_F(SetpointctlTest, StatusShowsEveryNodeAsTheManagersSeeIt) {
                                "\"all_drained\":false"));
   EXPECT_THAT(j.out, HasSubstr("{\"pod\":\"a\",\"state\":\"active\","
                                "\"drained\":false,\"drained_since\":null,"
-                               "\"nodes\":2,\"shards\":32}"));
+                               "\"nodes\":2,\"kinds\":[{\"kind\":\"vm\","
+                               "\"nodes\":2,\"shards\":32}]}"));
   EXPECT_THAT(j.out, HasSubstr("\"kind\":\"vm\",\"ring_size\":64,"
                                "\"ring_size_recorded\":true"));
   for (NodeManager* pod : {&a, &b}) {
