@@ -426,7 +426,11 @@ std::string Usage(const PodMainOptions& options, const std::string& program) {
   }
   out.append("\nPod config (the YAML keys; a flag wins over the file):\n");
   for (const PodConfigKey& key : PodConfigKeys()) {
-    line(Abseil(key.path), Abseil(key.value), Abseil(key.help));
+    line(Abseil(key.path), Abseil(key.value),
+         key.default_value.empty()
+             ? std::string(Abseil(key.help))
+             : absl::StrCat(Abseil(key.help), " (default ", key.default_value,
+                            ")"));
   }
   if (!options.flags.empty()) {
     absl::StrAppend(&out, "\n", program, "'s flags:\n");

@@ -829,10 +829,17 @@ TEST(PodListenerTest, ProbesHoldUnderIdleSlowAndScrapingClients) {
   std::vector<double> healthz_ms;
   int failed = 0;
   while (absl::Now() < probing || healthz_ms.size() < 100) {
+    const absl::Time next = absl::Now() + absl::Milliseconds(10);
     http_load::Answer a =
         http_load::Fetch(port, http_load::Get("/healthz"), absl::Seconds(1));
-    if (a.status != 200) ++failed;
+    if (a.status != 200) {
+      ++failed;
+      ADD_FAILURE() << "probe " << healthz_ms.size() << ": " << a.status << " "
+                    << a.error << " after " << a.took << "\n"
+                    << a.body;
+    }
     healthz_ms.push_back(absl::ToDoubleMilliseconds(a.took));
+    absl::SleepFor(next - absl::Now());  // A probe every 10 ms at most.
   }
   const double rss_loaded = ResidentBytes(pod.pid());
   clients.Stop();

@@ -41,8 +41,11 @@
 //                         the program's options are broken (a PodFlag that
 //                         clashes with a built-in one, a kind without
 //                         factory);
-//   2 (kPodExitBadConfig) bad flags, YAML or values, or a kind the program
-//                         does not run.
+//   2 (kPodExitBadConfig) bad flags, YAML or values, a kind the program
+//                         does not run, or a registry that refuses the
+//                         pod's settings at start (a wrong password, no
+//                         such user, a database it does not have), before
+//                         any shard is taken.
 // A registry that cannot be reached at start is not a failure: the manager
 // keeps retrying, and its nodes stay idle until it answers.
 //
@@ -53,11 +56,16 @@
 // stay blocked when it returns.
 //
 // Logs: spdlog's default logger becomes a stderr logger named after the
-// program, and is the logger given to the manager and the registry. Text:
-//   2026-12-01T10:28:05.384123Z info jobs: node manager started pod=a nodes=2
-// JSON (--log_format=json), one object per line:
-//   {"time":"2026-12-01T10:28:05.384123Z","level":"info","logger":"jobs",
-//    "msg":"node manager started pod=a nodes=2"}
+// pod id (pod_id, else DefaultPodId()), and is the logger given to the
+// manager and the registry; the pod's own lines name the pod (pod=). Text:
+//   2026-12-01T10:28:05.384123Z info a: node manager started pod=a nodes=2
+// JSON (--log_format=json), one object per line, with the fields of
+// LogFields beside msg:
+//   {"time":"2026-12-01T10:28:05.384123Z","level":"info","logger":"a",
+//    "pod":"a","msg":"node manager started pod=a nodes=2"}
+// /metrics also has the pod's own series: setpoint_pod_ready,
+// setpoint_kind_ring_size, setpoint_ops_http_* and process_*
+// (docs/operations.md).
 //
 // Thread safety: PodMain belongs to the main thread and is called once.
 // ParsePodArgs, PodUsage, MakeNodeRegistry and MakePodLogger are pure or
