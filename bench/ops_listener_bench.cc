@@ -185,14 +185,23 @@ void Report(benchmark::State& state, const std::vector<double>& ms,
   state.counters["failed"] = failures;
 }
 
-void BM_HealthzUnderLoad(benchmark::State& state) {
-  MetricsRegistry metrics;
-  Fill(metrics);
-  std::unique_ptr<Server> server = MakeServer(state.range(0), &metrics);
+// Server range(0) over `metrics` filled with 1,000 series, or nullptr (the
+// run is marked skipped).
+std::unique_ptr<Server> Serve(benchmark::State& state,
+                              MetricsRegistry* metrics) {
+  Fill(*metrics);
+  std::unique_ptr<Server> server = MakeServer(state.range(0), metrics);
   if (server == nullptr || server->port() <= 0) {
     state.SkipWithError("server not built or not started");
-    return;
+    return nullptr;
   }
+  return server;
+}
+
+void BM_HealthzUnderLoad(benchmark::State& state) {
+  MetricsRegistry metrics;
+  std::unique_ptr<Server> server = Serve(state, &metrics);
+  if (server == nullptr) return;
   const int slowloris = static_cast<int>(state.range(1));
   load::Load clients(server->port(),
                      {.idle = 300, .slowloris = slowloris, .scrapers = 4});
@@ -232,12 +241,8 @@ BENCHMARK(BM_HealthzUnderLoad)
 
 void BM_MetricsIdle(benchmark::State& state) {
   MetricsRegistry metrics;
-  Fill(metrics);
-  std::unique_ptr<Server> server = MakeServer(state.range(0), &metrics);
-  if (server == nullptr || server->port() <= 0) {
-    state.SkipWithError("server not built or not started");
-    return;
-  }
+  std::unique_ptr<Server> server = Serve(state, &metrics);
+  if (server == nullptr) return;
   std::vector<double> ms;
   int failures = 0;
   size_t bytes = 0;
