@@ -357,12 +357,15 @@ TEST(PodConfigTest, RefusesADefaultFenceMarginThatFencesEveryCycle) {
   EXPECT_THAT(
       ParsePodConfig(kMinimal, {"--lease=1s", "--poll_interval=500ms"})
           .status(),
-      Refused({"fence_margin (default", "must be < lease - poll_interval"}));
+      Refused({"fence_margin (500ms, the default max(20% of lease, "
+               "poll_interval)) must leave more than poll_interval (500ms) of "
+               "the lease (1s)"}));
 }
 
 TEST(PodConfigTest, RefusesAFenceMarginOfLeaseMinusPollOrMore) {
   EXPECT_THAT(ParsePodConfig(kMinimal, {"--fence_margin=2500ms"}).status(),
-              Refused({"fence_margin (2.5s) must be < lease - poll_interval"}));
+              Refused({"fence_margin (2.5s) must leave more than "
+                       "poll_interval (500ms) of the lease (3s)"}));
   EXPECT_THAT(ParsePodConfig(kMinimal, {"--fence_margin=2499ms"}).status(),
               IsOk());
 }

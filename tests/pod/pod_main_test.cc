@@ -883,7 +883,9 @@ TEST(PodListenerTest, ProbesHoldUnderIdleSlowAndScrapingClients) {
   // Memory bounded: 350 held connections cost buffers, not a thread each.
   // (Under a sanitizer resident memory also holds its shadow and the
   // quarantine of freed blocks: not a measure there.)
-  if (!kSanitized) EXPECT_LT(rss_loaded - rss_before, 64.0 * (1 << 20));
+  if (!kSanitized) {
+    EXPECT_LT(rss_loaded - rss_before, 64.0 * (1 << 20));
+  }
   EXPECT_THAT(scrape, HasSubstr("setpoint_ops_http_connections_closed_total{"
                                 "pod=\"busy\",reason=\"request_timeout\"}"));
   pod.Signal(SIGTERM);

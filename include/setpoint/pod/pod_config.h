@@ -37,9 +37,11 @@
 //  - Durations are finite whole milliseconds (the registry counts ms),
 //    1ms..24h; fence_margin may also be 0 (the default margin).
 //  - lease >= 2 * poll_interval: a renewal must be able to fail once and
-//    still leave time before the fence. The effective fence margin
-//    (fence_margin, or max(20% of lease, poll_interval) when 0) must be
-//    < lease - poll_interval, or a node would fence before every renewal.
+//    still leave time before the fence. Then the node manager's own rules
+//    (ValidateNodeManagerOptions): the effective fence margin
+//    (fence_margin, or max(20% of lease, poll_interval) when 0) must leave
+//    more than poll_interval of the lease, or a node would fence before
+//    every renewal.
 //  - count is 1..kPodConfigMaxCount per kind, at most kPodConfigMaxKinds
 //    kinds, ring_size 1..kPodConfigMaxRingSize, db 0..2^31-1.
 //  - pod_id, kind names, registry.namespace and registry.username are
