@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -172,6 +173,18 @@ TEST(PodConfigTest, TheKeysDefaultsComeFromPodConfigItself) {
     if (key.path == "registry.password_env") {
       EXPECT_EQ(key.default_value, "");
     }
+  }
+}
+
+TEST(PodConfigTest, EveryKeyIsInThePodGuide) {
+  std::ifstream in(SETPOINT_DOCS_DIR "/pod.md");
+  std::stringstream guide;
+  guide << in.rdbuf();
+  ASSERT_FALSE(guide.str().empty());
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    EXPECT_THAT(guide.str(),
+                HasSubstr(absl::StrCat("| `", std::string(key.path), "` |")))
+        << key.path;
   }
 }
 
