@@ -1,92 +1,65 @@
 #include "setpoint/pod/ops_server.h"
 
-#include <sys/socket.h>
-
-#include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <exception>
-#include <mutex>
-#include <thread>
+#include <string>
+#include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "httplib.h"
+#include "http_server.h"
 #include "setpoint/prometheus/prometheus_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
 namespace {
 
-// `threads` workers and a queue of as many; beyond that the listener thread
-// serves the connection itself, so it stops accepting meanwhile and the
-// kernel's backlog bounds the rest.
-class BoundedQueue final : public httplib::TaskQueue {
- public:
-  explicit BoundedQueue(int threads) : capacity_(static_cast<size_t>(threads)) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
-  ~BoundedQueue() override { shutdown(); }
+constexpr int kProbeLane = 0;
+constexpr int kPageLane = 1;
 
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      if (!stop_ && queue_.size() < capacity_) {
-        queue_.push_back(std::move(fn));
-        cv_.notify_one();
-        return;
-      }
-    }
-    fn();  // Full (or stopping): served here; the socket is always closed.
-  }
+bool IsProbe(const std::string& path) {
+  return path == "/healthz" || path == "/readyz";
+}
+bool IsKnown(const std::string& path) {
+  return IsProbe(path) || path == "/metrics" || path == "/statusz";
+}
 
-  void shutdown() override {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      if (stop_) return;
-      stop_ = true;
-      cv_.notify_all();
-    }
-    for (auto& t : workers_) t.join();
-  }
+HttpAnswer Text(int status, std::string body) {
+  return TextAnswer(status, std::move(body));
+}
 
- private:
-  void Work() {
-    while (true) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // Stopping, and nothing left.
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-
-  const size_t capacity_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::vector<std::thread> workers_;
-};
-
-void Probe(const std::function<std::vector<std::string>()>& check,
-           const char* what, httplib::Response& res) {
+HttpAnswer Probe(const std::function<std::vector<std::string>()>& check,
+                 const char* what) {
   std::vector<std::string> problems;
   if (check) problems = check();
-  if (problems.empty()) {
-    res.status = 200;
-    res.set_content("ok\n", "text/plain; charset=utf-8");
-    return;
+  if (problems.empty()) return Text(200, "ok\n");
+  return Text(503,
+              absl::StrCat(what, ": ", absl::StrJoin(problems, "\n"), "\n"));
+}
+
+HttpAnswer Serve(const OpsServerOptions& o, const HttpHead& head) {
+  if (!IsKnown(head.path)) {
+    return Text(404, "not found (try /metrics, /healthz, /readyz, /statusz)\n");
   }
-  res.status = 503;
-  res.set_content(absl::StrCat(what, ": ", absl::StrJoin(problems, "\n"), "\n"),
-                  "text/plain; charset=utf-8");
+  if (head.method != "GET" && head.method != "HEAD") {
+    HttpAnswer a = Text(405, "method not allowed (GET or HEAD)\n");
+    a.headers.emplace_back("Allow", "GET, HEAD");
+    return a;
+  }
+  if (head.path == "/healthz") return Probe(o.liveness, "not healthy");
+  if (head.path == "/readyz") return Probe(o.readiness, "not ready");
+  if (head.path == "/metrics") {
+    if (o.before_metrics) o.before_metrics();
+    HttpAnswer a =
+        Text(200, o.metrics != nullptr ? PrometheusText(*o.metrics) : "");
+    a.content_type = kPrometheusTextContentType;
+    return a;
+  }
+  std::string body = o.status ? o.status() : "{}";
+  body.push_back('\n');
+  HttpAnswer a = Text(200, std::move(body));
+  a.content_type = "application/json";
+  return a;
 }
 
 }  // namespace
@@ -118,9 +91,7 @@ absl::Status ParseHostPort(const std::string& address, std::string* host,
 struct OpsServer::Impl {
   OpsServerOptions options;
   std::string host;
-  httplib::Server server;
-  std::thread thread;
-  bool stopped = false;
+  std::unique_ptr<HttpServer> server;
 };
 
 OpsServer::OpsServer(std::unique_ptr<Impl> impl, int port)
@@ -136,9 +107,17 @@ std::string OpsServer::address() const {
 
 absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(
     OpsServerOptions options) {
-  if (options.threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ops server: threads must be >= 1, got ", options.threads));
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("ops server: ", what));
+  };
+  if (options.max_connections < 1) return bad("max_connections must be >= 1");
+  if (options.max_requests_per_connection < 1) {
+    return bad("max_requests_per_connection must be >= 1");
+  }
+  if (options.max_head_bytes < 64) return bad("max_head_bytes must be >= 64");
+  for (absl::Duration d : {options.request_timeout, options.keep_alive_timeout,
+                           options.write_timeout}) {
+    if (d <= absl::ZeroDuration()) return bad("timeouts must be > 0");
   }
   auto impl = std::make_unique<Impl>();
   int port = 0;
@@ -148,119 +127,60 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(
   }
   if (options.logger == nullptr) options.logger = spdlog::default_logger();
   impl->options = std::move(options);
-  Impl* p = impl.get();
-  httplib::Server& srv = impl->server;
-  const int threads = p->options.threads;
-  srv.new_task_queue = [threads] { return new BoundedQueue(threads); };
-  srv.set_payload_max_length(p->options.max_request_bytes);
-  const int64_t us = absl::ToInt64Microseconds(p->options.timeout);
-  srv.set_read_timeout(us / 1000000, us % 1000000);
-  srv.set_write_timeout(us / 1000000, us % 1000000);
-  srv.set_keep_alive_max_count(16);
-  // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, with which a
-  // second pod on the same port would bind too and share the traffic.
-  srv.set_socket_options([](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  const OpsServerOptions* o = &impl->options;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start({
+      .host = impl->host,
+      .port = port,
+      .lane =
+          [](const HttpHead& h) {
+            return IsProbe(h.path) || !IsKnown(h.path) ? kProbeLane : kPageLane;
+          },
+      .lanes = 2,
+      .handler = [o](const HttpHead& h) { return Serve(*o, h); },
+      .limits = {.max_head_bytes = o->max_head_bytes,
+                 .max_body_bytes = o->max_request_bytes},
+      .max_connections = o->max_connections,
+      .backlog = 512,
+      .max_requests = o->max_requests_per_connection,
+      .request_timeout = o->request_timeout,
+      .keep_alive_timeout = o->keep_alive_timeout,
+      .write_timeout = o->write_timeout,
+      .max_queued = 64,
+      .logger = o->logger,
   });
-  srv.set_exception_handler([p](const httplib::Request& req,
-                                httplib::Response& res, std::exception_ptr e) {
-    std::string what = "a non-standard exception";
-    try {
-      if (e) std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      what = ex.what();
-    } catch (...) {
-    }
-    p->options.logger->error("ops server: handler threw path={} err=\"{}\"",
-                             req.path, what);
-    res.status = 500;
-    res.set_content("internal error\n", "text/plain; charset=utf-8");
-  });
-  srv.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
-    std::string text;
-    if (p->options.metrics != nullptr)
-      text = PrometheusText(*p->options.metrics);
-    res.set_content(text, kPrometheusTextContentType);
-  });
-  srv.Get("/healthz", [p](const httplib::Request&, httplib::Response& res) {
-    Probe(p->options.liveness, "not healthy", res);
-  });
-  srv.Get("/readyz", [p](const httplib::Request&, httplib::Response& res) {
-    Probe(p->options.readiness, "not ready", res);
-  });
-  srv.Get("/statusz", [p](const httplib::Request&, httplib::Response& res) {
-    std::string body = p->options.status ? p->options.status() : "{}";
-    body.push_back('\n');
-    res.set_content(body, "application/json");
-  });
-  // Known paths with another method: 405.
-  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
-    const bool known = req.path == "/metrics" || req.path == "/healthz" ||
-                       req.path == "/readyz" || req.path == "/statusz";
-    res.status = known ? 405 : 404;
-    if (known) res.set_header("Allow", "GET, HEAD");
-  };
-  srv.Post(".*", not_allowed);
-  srv.Put(".*", not_allowed);
-  srv.Delete(".*", not_allowed);
-  srv.Patch(".*", not_allowed);
-  srv.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const char* what = "error";
-    switch (res.status) {
-      case 400:
-        what = "bad request";
-        break;
-      case 404:
-        what = "not found (try /metrics, /healthz, /readyz, /statusz)";
-        break;
-      case 405:
-        what = "method not allowed";
-        break;
-      case 413:
-        what = "request too large";
-        break;
-      case 414:
-        what = "request URI too long";
-        break;
-      default:
-        break;
-    }
-    res.set_content(absl::StrCat(what, "\n"), "text/plain; charset=utf-8");
-  });
-  int bound = port == 0 ? srv.bind_to_any_port(impl->host)
-                        : (srv.bind_to_port(impl->host, port) ? port : -1);
-  if (bound <= 0) {
+  if (!server.ok()) {
+    if (absl::IsInvalidArgument(server.status())) return server.status();
     return absl::UnavailableError(
-        absl::StrCat("ops server: cannot listen on ", p->options.address,
-                     " (in use, or not an address of this machine)"));
+        absl::StrCat("ops server: cannot listen on ", o->address,
+                     " (in use, or not an address of this machine): ",
+                     server.status().message()));
   }
-  auto ended = std::make_shared<std::atomic<bool>>(false);
-  impl->thread = std::thread([p, ended] {
-    p->server.listen_after_bind();
-    ended->store(true);
-  });
-  // Stop() only reaches a server that runs: wait until it does (or gave
-  // up), so a Stop right after Start cannot leave the loop running.
-  while (!srv.is_running() && !ended->load()) std::this_thread::yield();
-  if (!srv.is_running()) {
-    impl->thread.join();
-    return absl::UnavailableError(
-        absl::StrCat("ops server: cannot serve on ", p->options.address));
-  }
-  auto server =
-      std::unique_ptr<OpsServer>(new OpsServer(std::move(impl), bound));
-  server->impl_->options.logger->info("ops server listening address={}",
-                                      server->address());
-  return server;
+  impl->server = *std::move(server);
+  const int bound = impl->server->port();
+  auto ops = std::unique_ptr<OpsServer>(new OpsServer(std::move(impl), bound));
+  SPDLOG_LOGGER_INFO(ops->impl_->options.logger,
+                     "ops server listening address={}", ops->address());
+  return ops;
 }
 
 void OpsServer::Stop() {
-  if (impl_ == nullptr || impl_->stopped) return;
-  impl_->stopped = true;
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_ == nullptr || impl_->server == nullptr) return;
+  impl_->server->Stop();
+}
+
+OpsServerStats OpsServer::stats() const {
+  const HttpServerStats s = impl_->server->stats();
+  return {
+      .connections_open = s.connections_open,
+      .connections_accepted = s.connections_accepted,
+      .closed_for_limit = s.closed_for_limit,
+      .closed_request_timeout = s.closed_request_timeout,
+      .closed_idle = s.closed_idle,
+      .closed_write_timeout = s.closed_write_timeout,
+      .refused_busy = s.refused_full,
+      .requests = s.requests,
+      .requests_refused = s.refused_requests,
+  };
 }
 
 }  // namespace setpoint

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "setpoint/base/status.h"
@@ -42,28 +43,15 @@ constexpr int kMaxNodes = 100'000;
 constexpr size_t kMaxPasswordFileBytes = 64 << 10;
 constexpr absl::Duration kMaxDuration = absl::Hours(24);
 
-constexpr std::array<absl::string_view, 6> kTopKeys = {
-    "pod_id",       "poll_interval",     "lease",
-    "fence_margin", "operation_timeout", "nudge_burst"};
-constexpr std::array<absl::string_view, 10> kRegistryKeys = {"type",
-                                                             "address",
-                                                             "username",
-                                                             "password",
-                                                             "password_env",
-                                                             "password_file",
-                                                             "db",
-                                                             "namespace",
-                                                             "connect_timeout",
-                                                             "command_timeout"};
-constexpr std::array<absl::string_view, 2> kHttpKeys = {"address",
-                                                        "stuck_after"};
-constexpr std::array<absl::string_view, 3> kPasswordKeys = {
-    "registry.password", "registry.password_env", "registry.password_file"};
+// The keys (the table below Set's helpers): a path's entry, or nullptr.
+// "kinds.<name>.count" finds the kinds entry of "count".
+struct KeySpec;
+const KeySpec* FindKey(absl::string_view path);
 
-template <size_t N>
-bool Contains(const std::array<absl::string_view, N>& keys,
-              absl::string_view key) {
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
+// The three sources of one password: they exclude each other.
+bool IsPasswordKey(absl::string_view path) {
+  return path == "registry.password" || path == "registry.password_env" ||
+         path == "registry.password_file";
 }
 
 // Messages here have no prefix: ParsePodConfig adds "pod config: ",
@@ -338,7 +326,7 @@ absl::Status Flatten(const Yaml& root, Flat* flat,
   for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
     const Yaml& key = root.items[i];
     const Yaml& value = root.items[i + 1];
-    if (Contains(kTopKeys, key.scalar)) {
+    if (key.scalar != "kinds" && FindKey(key.scalar) != nullptr) {
       SETPOINT_RETURN_IF_ERROR(Leaf(key.scalar, key, value, flat));
     } else if (key.scalar == "registry") {
       SETPOINT_RETURN_IF_ERROR(
@@ -347,7 +335,7 @@ absl::Status Flatten(const Yaml& root, Flat* flat,
       for (size_t j = 0; j + 1 < value.items.size(); j += 2) {
         const Yaml& k = value.items[j];
         std::string field = absl::StrCat("registry.", Escape(k.scalar));
-        if (!Contains(kRegistryKeys, k.scalar)) {
+        if (FindKey(absl::StrCat("registry.", k.scalar)) == nullptr) {
           return Bad(Where(field, k.line), "is not a known key");
         }
         SETPOINT_RETURN_IF_ERROR(Leaf(field, k, value.items[j + 1], flat));
@@ -358,7 +346,7 @@ absl::Status Flatten(const Yaml& root, Flat* flat,
       for (size_t j = 0; j + 1 < value.items.size(); j += 2) {
         const Yaml& k = value.items[j];
         std::string field = absl::StrCat("http.", Escape(k.scalar));
-        if (!Contains(kHttpKeys, k.scalar)) {
+        if (FindKey(absl::StrCat("http.", k.scalar)) == nullptr) {
           return Bad(Where(field, k.line), "is not a known key");
         }
         SETPOINT_RETURN_IF_ERROR(Leaf(field, k, value.items[j + 1], flat));
@@ -528,146 +516,319 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path,
   return text;
 }
 
+// ---- The keys: one table drives parsing, --help and ToString ------------
+
+// One value on its way into a PodConfig.
+struct Setting {
+  std::string field;  // For messages: the path, and the line.
+  std::string text;
+  std::string kind;  // kinds.<kind>.* only.
+};
+
+// One key of the pod config. Every key is here once: its path, what its
+// value looks like, what it does, how it is set, and how it is shown (by
+// ToString, and as the default in --help, from PodConfig's own defaults).
+struct KeySpec {
+  absl::string_view path;
+  absl::string_view value;
+  absl::string_view help;
+  absl::Status (*set)(PodConfig& c, const Setting& s);
+  // The value as ToString shows it; nullptr: not shown (a password's
+  // sources: the password itself is, redacted).
+  std::string (*show)(const PodConfig& c, const NodeKindOptions* kind);
+  // --help's default when `show` of a default PodConfig cannot say it.
+  absl::string_view default_text = "";
+};
+
+std::string Show(absl::Duration d) { return absl::FormatDuration(d); }
+
+absl::Status SetMillis(const Setting& s, absl::Duration* out, bool zero_ok) {
+  SETPOINT_ASSIGN_OR_RETURN(*out, Millis(s.field, s.text, zero_ok));
+  return absl::OkStatus();
+}
+
+NodeKindOptions& KindOf(PodConfig& c, const std::string& name) {
+  for (auto& k : c.manager.kinds) {
+    if (k.kind == name) return k;
+  }
+  c.manager.kinds.push_back(NodeKindOptions{.kind = name});
+  return c.manager.kinds.back();
+}
+
+constexpr KeySpec kKeys[] = {
+    {"pod_id", "<id>", "names this process in node ids",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_RETURN_IF_ERROR(CheckId(s.field, s.text));
+       if (s.text.find('/') != std::string::npos) {
+         return Bad(s.field, absl::StrCat("must not contain '/' (node ids are "
+                                          "<pod>/<kind>/<index>), got \"",
+                                          Escape(s.text), "\""));
+       }
+       c.manager.pod_id = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.manager.pod_id.empty() ? std::string("<hostname>-<pid>")
+                                       : c.manager.pod_id;
+     }},
+    {"poll_interval", "<duration>",
+     "renew the leases and read the registry this often",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.manager.poll_interval, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.manager.poll_interval);
+     }},
+    {"nudge_burst", "<n>",
+     "polls a burst of change announcements may cause at once, 1..1000",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(s.field, s.text, 1, 1000));
+       c.manager.nudge_burst = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return absl::StrCat(c.manager.nudge_burst);
+     }},
+    {"lease", "<duration>",
+     "how long a renewal keeps the nodes alive for other pods; >= 2 * "
+     "poll_interval",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.manager.lease, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.manager.lease);
+     }},
+    {"fence_margin", "<duration>",
+     "stop working this long before the lease could expire; 0: max(20% of "
+     "lease, poll_interval)",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.manager.fence_margin, true);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.manager.fence_margin);
+     }},
+    {"operation_timeout", "<duration>",
+     "registry calls and the graceful stop give up after this",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.manager.operation_timeout, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.manager.operation_timeout);
+     }},
+    {"updater_threads", "<n>",
+     "threads of the pod's updater pool, shared by every node's syncers, "
+     "0..1024; 0: each syncer owns its threads",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(s.field, s.text, 0, 1024));
+       c.manager.updater_threads = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return absl::StrCat(c.manager.updater_threads);
+     }},
+    {"kinds.<kind>.count", "<n>", "nodes of the kind in this pod, 1..1024",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(int64_t n,
+                                 Integer(s.field, s.text, 1, kPodConfigMaxCount,
+                                         "nodes of one kind in one pod"));
+       KindOf(c, s.kind).count = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig&, const NodeKindOptions* k) {
+       return absl::StrCat(k->count);
+     },
+     "the program's, else 1"},
+    {"kinds.<kind>.ring_size", "<n>",
+     "shards in the kind's ring, the same in every pod",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(
+           int64_t n, Integer(s.field, s.text, 1, kPodConfigMaxRingSize));
+       KindOf(c, s.kind).ring_size = static_cast<uint32_t>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig&, const NodeKindOptions* k) {
+       return absl::StrCat(k->ring_size);
+     },
+     "the program's, else 4096"},
+    {"http.address", "<host:port>",
+     "serve /metrics, /healthz, /readyz and /statusz here; empty: off; port "
+     "0 picks a free one",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       std::string host;
+       int port = 0;
+       if (absl::Status st = ParseHostPort(s.text, &host, &port); !st.ok()) {
+         return Bad(s.field, st.message());
+       }
+       c.http_address = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.http_address.empty() ? std::string("off") : c.http_address;
+     }},
+    {"http.stuck_after", "<duration>",
+     "/healthz fails when a runner or the protocol thread made no progress "
+     "for this long",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.stuck_after, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.stuck_after);
+     }},
+    {"registry.type", "memory|redis",
+     "memory: this process only; redis: pods share a ring",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       if (s.text != "memory" && s.text != "redis") {
+         return Bad(s.field, absl::StrCat("must be memory or redis, got \"",
+                                          Escape(s.text), "\""));
+       }
+       c.registry_type = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.registry_type;
+     }},
+    {"registry.address", "<address>", "host:port, [::1]:port or unix:///path",
+     [](PodConfig& c, const Setting& s) {
+       c.redis.address = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.redis.address;
+     }},
+    {"registry.username", "<user>", "ACL user for AUTH",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_RETURN_IF_ERROR(CheckId(s.field, s.text));
+       c.redis.username = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.redis.username.empty() ? std::string("none") : c.redis.username;
+     }},
+    {"registry.password", "<password>",
+     "AUTH password; prefer password_env or password_file",
+     [](PodConfig& c, const Setting& s) {
+       c.redis.password = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return std::string(c.redis.password.empty() ? "none" : "<redacted>");
+     }},
+    {"registry.password_env", "<variable>",
+     "read the password from this environment variable",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       const char* env = std::getenv(s.text.c_str());
+       if (env == nullptr) {
+         return Bad(s.field, absl::StrCat("names $", Escape(s.text),
+                                          ", which is not set"));
+       }
+       if (*env == '\0') {
+         return Bad(s.field,
+                    absl::StrCat("names $", Escape(s.text),
+                                 ", which is empty: AUTH would be skipped"));
+       }
+       c.redis.password = env;
+       return absl::OkStatus();
+     },
+     nullptr},
+    {"registry.password_file", "<path>",
+     "read the password from the first line of this file",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       absl::StatusOr<std::string> text =
+           ReadRegularFile(s.text, kMaxPasswordFileBytes);
+       if (!text.ok()) {
+         return Bad(s.field, absl::StrCat("\"", Escape(s.text), "\" ",
+                                          text.status().message()));
+       }
+       std::string line = text->substr(0, text->find('\n'));
+       if (!line.empty() && line.back() == '\r') line.pop_back();
+       if (line.empty()) {
+         return Bad(s.field, absl::StrCat("\"", Escape(s.text),
+                                          "\" has no password on its first "
+                                          "line: AUTH would be skipped"));
+       }
+       c.redis.password = std::move(line);
+       return absl::OkStatus();
+     },
+     nullptr},
+    {"registry.db", "<n>", "SELECT this database",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(
+           int64_t n,
+           Integer(s.field, s.text, 0, std::numeric_limits<int>::max()));
+       c.redis.db = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return absl::StrCat(c.redis.db);
+     }},
+    {"registry.namespace", "<name>", "separates deployments on one Redis",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_RETURN_IF_ERROR(CheckId(s.field, s.text));
+       c.redis.ns = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) { return c.redis.ns; }},
+    {"registry.connect_timeout", "<duration>", "give up a connect after this",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.redis.connect_timeout, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.redis.connect_timeout);
+     }},
+    {"registry.command_timeout", "<duration>",
+     "give up a round trip after this",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.redis.command_timeout, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.redis.command_timeout);
+     }},
+};
+
+bool IsKindKey(const KeySpec& k) { return absl::StartsWith(k.path, "kinds."); }
+
+const KeySpec* FindKey(absl::string_view path) {
+  std::string kind_path;
+  if (absl::ConsumePrefix(&path, "kinds.")) {
+    const size_t dot = path.rfind('.');
+    if (dot == absl::string_view::npos) return nullptr;
+    kind_path = absl::StrCat("kinds.<kind>.", path.substr(dot + 1));
+    path = kind_path;
+  }
+  for (const KeySpec& k : kKeys) {
+    if (k.path == path) return &k;
+  }
+  return nullptr;
+}
+
 absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
-  const std::string field = Where(Escape(key), value.line);
+  Setting s{
+      .field = Where(Escape(key), value.line), .text = value.text, .kind = ""};
   absl::string_view rest = key;
-  std::string kind_name;
-  std::string kind_key;
   if (absl::ConsumePrefix(&rest, "kinds.")) {
     std::vector<std::string> parts = absl::StrSplit(rest, '.');
     if (parts.size() != 2) {
-      return Bad(field, "must look like kinds.<kind>.<count|ring_size>");
+      return Bad(s.field, "must look like kinds.<kind>.<count|ring_size>");
     }
-    kind_name = parts[0];
-    kind_key = parts[1];
-    if (kind_key != "count" && kind_key != "ring_size") {
-      return Bad(field, "is not a known key (count, ring_size)");
+    if (FindKey(key) == nullptr) {
+      return Bad(s.field, "is not a known key (count, ring_size)");
     }
-    SETPOINT_RETURN_IF_ERROR(CheckKindName(field + " kind", kind_name));
-  } else if (!Contains(kTopKeys, key) &&
-             !(absl::ConsumePrefix(&rest, "registry.") &&
-               Contains(kRegistryKeys, rest)) &&
-             !(absl::ConsumePrefix(&rest, "http.") &&
-               Contains(kHttpKeys, rest))) {
-    return Bad(field, "is not a known key");
+    SETPOINT_RETURN_IF_ERROR(CheckKindName(s.field + " kind", parts[0]));
+    s.kind = parts[0];
   }
-  const std::string& v = value.text;
+  const KeySpec* spec = FindKey(key);
+  if (spec == nullptr) return Bad(s.field, "is not a known key");
   // An empty http.address turns the listener off; nothing else may be empty.
-  if (key == "http.address" && v.empty()) {
+  if (key == "http.address" && s.text.empty()) {
     c.http_address.clear();
     return absl::OkStatus();
   }
-  if (v.empty()) return Bad(field, "must not be empty");
+  if (s.text.empty()) return Bad(s.field, "must not be empty");
   // Passwords are opaque (and never echoed).
   if (key != "registry.password") {
-    SETPOINT_RETURN_IF_ERROR(CheckNoControl(field, v));
+    SETPOINT_RETURN_IF_ERROR(CheckNoControl(s.field, s.text));
   }
-  auto dur = [&](absl::Duration* out, bool zero_ok) -> absl::Status {
-    SETPOINT_ASSIGN_OR_RETURN(*out, Millis(field, v, zero_ok));
-    return absl::OkStatus();
-  };
-  NodeManagerOptions& m = c.manager;
-  RedisNodeRegistryOptions& r = c.redis;
-  if (!kind_name.empty()) {
-    NodeKindOptions* kind = nullptr;
-    for (auto& k : m.kinds) {
-      if (k.kind == kind_name) kind = &k;
-    }
-    if (kind == nullptr) {
-      m.kinds.push_back(NodeKindOptions{.kind = kind_name});
-      kind = &m.kinds.back();
-    }
-    if (kind_key == "count") {
-      SETPOINT_ASSIGN_OR_RETURN(int64_t n,
-                                Integer(field, v, 1, kPodConfigMaxCount,
-                                        "nodes of one kind in one pod"));
-      kind->count = static_cast<int>(n);
-    } else {
-      SETPOINT_ASSIGN_OR_RETURN(int64_t n,
-                                Integer(field, v, 1, kPodConfigMaxRingSize));
-      kind->ring_size = static_cast<uint32_t>(n);
-    }
-  } else if (key == "pod_id") {
-    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
-    if (v.find('/') != std::string::npos) {
-      return Bad(field, absl::StrCat("must not contain '/' (node ids are "
-                                     "<pod>/<kind>/<index>), got \"",
-                                     Escape(v), "\""));
-    }
-    m.pod_id = v;
-  } else if (key == "poll_interval") {
-    return dur(&m.poll_interval, false);
-  } else if (key == "lease") {
-    return dur(&m.lease, false);
-  } else if (key == "fence_margin") {
-    return dur(&m.fence_margin, true);
-  } else if (key == "operation_timeout") {
-    return dur(&m.operation_timeout, false);
-  } else if (key == "nudge_burst") {
-    SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(field, v, 1, 1000));
-    m.nudge_burst = static_cast<int>(n);
-  } else if (key == "http.address") {
-    std::string host;
-    int port = 0;
-    if (absl::Status s = ParseHostPort(v, &host, &port); !s.ok()) {
-      return Bad(field, s.message());
-    }
-    c.http_address = v;
-  } else if (key == "http.stuck_after") {
-    return dur(&c.stuck_after, false);
-  } else if (key == "registry.type") {
-    if (v != "memory" && v != "redis") {
-      return Bad(field, absl::StrCat("must be memory or redis, got \"",
-                                     Escape(v), "\""));
-    }
-    c.registry_type = v;
-  } else if (key == "registry.address") {
-    r.address = v;
-  } else if (key == "registry.username") {
-    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
-    r.username = v;
-  } else if (key == "registry.password") {
-    r.password = v;
-  } else if (key == "registry.password_env") {
-    const char* env = std::getenv(v.c_str());
-    if (env == nullptr) {
-      return Bad(field,
-                 absl::StrCat("names $", Escape(v), ", which is not set"));
-    }
-    if (*env == '\0') {
-      return Bad(field,
-                 absl::StrCat("names $", Escape(v),
-                              ", which is empty: AUTH would be skipped"));
-    }
-    r.password = env;
-  } else if (key == "registry.password_file") {
-    absl::StatusOr<std::string> text =
-        ReadRegularFile(v, kMaxPasswordFileBytes);
-    if (!text.ok()) {
-      return Bad(field,
-                 absl::StrCat("\"", Escape(v), "\" ", text.status().message()));
-    }
-    std::string line = text->substr(0, text->find('\n'));
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) {
-      return Bad(field, absl::StrCat("\"", Escape(v),
-                                     "\" has no password on its first line: "
-                                     "AUTH would be skipped"));
-    }
-    r.password = std::move(line);
-  } else if (key == "registry.db") {
-    SETPOINT_ASSIGN_OR_RETURN(
-        int64_t n, Integer(field, v, 0, std::numeric_limits<int>::max()));
-    r.db = static_cast<int>(n);
-  } else if (key == "registry.namespace") {
-    SETPOINT_RETURN_IF_ERROR(CheckId(field, v));
-    r.ns = v;
-  } else if (key == "registry.connect_timeout") {
-    return dur(&r.connect_timeout, false);
-  } else if (key == "registry.command_timeout") {
-    return dur(&r.command_timeout, false);
-  }
-  return absl::OkStatus();
+  return spec->set(c, s);
 }
 
 // Settings that make sense alone but not together.
@@ -675,7 +836,7 @@ absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
   std::vector<std::string> passwords;
   bool registry_settings = false;
   for (const auto& [key, value] : flat) {
-    if (Contains(kPasswordKeys, key)) passwords.push_back(key);
+    if (IsPasswordKey(key)) passwords.push_back(key);
     if (absl::StartsWith(key, "registry.") && key != "registry.type") {
       registry_settings = true;
     }
@@ -710,22 +871,8 @@ absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
                                      ") must be >= 2 * poll_interval (",
                                      absl::FormatDuration(poll), ")", why));
   }
-  const bool explicit_margin = c.manager.fence_margin > absl::ZeroDuration();
-  const absl::Duration margin =
-      explicit_margin ? c.manager.fence_margin : std::max(lease / 5, poll);
-  if (margin >= lease - poll) {
-    return Bad("fence_margin",
-               absl::StrCat("(",
-                            explicit_margin ? ""
-                                            : "default max(20% of "
-                                              "lease, poll_interval) "
-                                              "= ",
-                            absl::FormatDuration(margin),
-                            ") must be < lease - poll_interval (",
-                            absl::FormatDuration(lease - poll),
-                            "): else a node fences before every renewal",
-                            explicit_margin ? "" : "; raise lease"));
-  }
+  // fence_margin's rule is the node manager's own
+  // (ValidateNodeManagerOptions, called after this): not written twice.
   return absl::OkStatus();
 }
 
@@ -755,10 +902,10 @@ absl::StatusOr<PodConfig> Parse(const std::string& yaml,
     std::string path(rest.substr(0, eq));
     if (path == "kinds") return Bad("--kinds", "set kinds.<kind>.count");
     // An override of one password source replaces the file's.
-    if (Contains(kPasswordKeys, path)) {
-      for (absl::string_view k : kPasswordKeys) {
-        auto it = flat.find(std::string(k));
-        if (it != flat.end() && it->second.line > 0) flat.erase(it);
+    if (IsPasswordKey(path)) {
+      for (auto it = flat.begin(); it != flat.end();) {
+        it = IsPasswordKey(it->first) && it->second.line > 0 ? flat.erase(it)
+                                                             : std::next(it);
       }
     }
     flat[path] = Value{.text = std::string(rest.substr(eq + 1)), .line = 0};
@@ -796,74 +943,44 @@ absl::StatusOr<PodConfig> Parse(const std::string& yaml,
 }  // namespace
 
 std::string PodConfig::ToString() const {
-  std::vector<std::string> kinds;
-  for (const auto& k : manager.kinds) {
-    kinds.push_back(absl::StrCat(k.kind, "x", k.count, "/", k.ring_size));
+  // Every key that has a value to show, in the table's order; the
+  // registry's only for Redis (an in-memory registry has no settings).
+  std::vector<std::string> parts;
+  for (const KeySpec& k : kKeys) {
+    if (k.show == nullptr) continue;
+    if (absl::StartsWith(k.path, "registry.") && k.path != "registry.type" &&
+        registry_type != "redis") {
+      continue;
+    }
+    if (!IsKindKey(k)) {
+      parts.push_back(absl::StrCat(k.path, "=", k.show(*this, nullptr)));
+      continue;
+    }
+    for (const NodeKindOptions& kind : manager.kinds) {
+      parts.push_back(
+          absl::StrCat(absl::StrReplaceAll(k.path, {{"<kind>", kind.kind}}),
+                       "=", k.show(*this, &kind)));
+    }
   }
-  std::string out = absl::StrCat(
-      "pod_id=", manager.pod_id.empty() ? "<default>" : manager.pod_id,
-      " kinds=[", absl::StrJoin(kinds, ","),
-      "] poll_interval=", absl::FormatDuration(manager.poll_interval),
-      " lease=", absl::FormatDuration(manager.lease),
-      " registry=", registry_type,
-      " http=", http_address.empty() ? "off" : http_address);
-  if (registry_type == "redis") {
-    absl::StrAppend(&out, " address=", redis.address, " db=", redis.db,
-                    " namespace=", redis.ns,
-                    redis.username.empty() ? "" : " username=", redis.username,
-                    redis.password.empty() ? "" : " password=<redacted>");
-  }
-  return out;
+  return absl::StrJoin(parts, " ");
 }
 
 std::span<const PodConfigKey> PodConfigKeys() {
-  static constexpr PodConfigKey kKeys[] = {
-      {"pod_id", "<id>",
-       "names this process in node ids (default <hostname>-<pid>)"},
-      {"poll_interval", "<duration>",
-       "renew the leases and read the registry this often (default 500ms)"},
-      {"nudge_burst", "<n>",
-       "polls a burst of change announcements may cause at once (default 4)"},
-      {"lease", "<duration>",
-       "how long a renewal keeps the nodes alive for other pods; >= 2 * "
-       "poll_interval (default 3s)"},
-      {"fence_margin", "<duration>",
-       "stop working this long before the lease could expire (default 0: "
-       "max(20% of lease, poll_interval))"},
-      {"operation_timeout", "<duration>",
-       "registry calls and the graceful stop give up after this (default 2s)"},
-      {"kinds.<kind>.count", "<n>",
-       "nodes of the kind in this pod, 1..1024 (default: the program's, else "
-       "1)"},
-      {"kinds.<kind>.ring_size", "<n>",
-       "shards in the kind's ring, the same in every pod (default: the "
-       "program's, else 4096)"},
-      {"http.address", "<host:port>",
-       "serve /metrics, /healthz, /readyz and /statusz here; empty: off; "
-       "port 0 picks a free one (default 127.0.0.1:9464)"},
-      {"http.stuck_after", "<duration>",
-       "/healthz fails when a runner or the protocol thread made no "
-       "progress for this long (default 30s)"},
-      {"registry.type", "memory|redis",
-       "memory: this process only; redis: pods share a ring (default memory)"},
-      {"registry.address", "<address>",
-       "host:port, [::1]:port or unix:///path (default 127.0.0.1:6379)"},
-      {"registry.username", "<user>", "ACL user for AUTH (default none)"},
-      {"registry.password", "<password>",
-       "AUTH password; prefer password_env or password_file (default none)"},
-      {"registry.password_env", "<variable>",
-       "read the password from this environment variable"},
-      {"registry.password_file", "<path>",
-       "read the password from the first line of this file"},
-      {"registry.db", "<n>", "SELECT this database (default 0)"},
-      {"registry.namespace", "<name>",
-       "separates deployments on one Redis (default default)"},
-      {"registry.connect_timeout", "<duration>",
-       "give up a connect after this (default 1s)"},
-      {"registry.command_timeout", "<duration>",
-       "give up a round trip after this (default 1s)"},
-  };
-  return kKeys;
+  static const std::vector<PodConfigKey>* keys = [] {
+    const PodConfig defaults;
+    const NodeKindOptions kind;
+    auto* out = new std::vector<PodConfigKey>();
+    for (const KeySpec& k : kKeys) {
+      std::string d(k.default_text);
+      if (d.empty() && k.show != nullptr) d = k.show(defaults, &kind);
+      out->push_back({.path = std::string_view(k.path.data(), k.path.size()),
+                      .value = std::string_view(k.value.data(), k.value.size()),
+                      .help = std::string_view(k.help.data(), k.help.size()),
+                      .default_value = std::move(d)});
+    }
+    return out;
+  }();
+  return *keys;
 }
 
 absl::StatusOr<PodConfig> ParsePodConfig(

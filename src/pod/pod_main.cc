@@ -25,9 +25,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "process_metrics.h"
+#include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
+#include "setpoint/base/mutex.h"
 #include "setpoint/pod/ops_server.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/registry/redis_node_registry.h"
@@ -171,10 +175,41 @@ const char* JsonLevel(spdlog::level::level_enum level) {
   }
 }
 
+// The value of `key=` in a house-style message ("event phrase key=value
+// key=\"quoted value\" ..."): the first occurrence that starts a word, up to
+// the next space, or the quoted string without its quotes.
+std::optional<absl::string_view> MessageValue(absl::string_view msg,
+                                              absl::string_view key) {
+  size_t pos = 0;
+  while ((pos = msg.find(key, pos)) != absl::string_view::npos) {
+    const size_t eq = pos + key.size();
+    const bool word_start = pos == 0 || msg[pos - 1] == ' ';
+    if (!word_start || eq >= msg.size() || msg[eq] != '=') {
+      pos = eq;
+      continue;
+    }
+    absl::string_view rest = msg.substr(eq + 1);
+    if (!rest.empty() && rest[0] == '"') {
+      size_t end = 1;
+      while (end < rest.size() && rest[end] != '"') {
+        end += rest[end] == '\\' ? 2 : 1;
+      }
+      return rest.substr(1, std::min(end, rest.size()) - 1);
+    }
+    return rest.substr(0, rest.find(' '));
+  }
+  return std::nullopt;
+}
+
 class JsonLogFormatter final : public spdlog::formatter {
  public:
+  explicit JsonLogFormatter(std::string pod) : pod_(std::move(pod)) {}
+
   void format(const spdlog::details::log_msg& msg,
               spdlog::memory_buf_t& dest) override {
+    const absl::string_view text(msg.payload.data(), msg.payload.size());
+    const absl::string_view logger(msg.logger_name.data(),
+                                   msg.logger_name.size());
     std::string line = "{\"time\":\"";
     line.append(absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ",
                                  absl::FromChrono(msg.time),
@@ -182,17 +217,24 @@ class JsonLogFormatter final : public spdlog::formatter {
     line.append("\",\"level\":\"");
     line.append(JsonLevel(msg.level));
     line.append("\",\"logger\":");
-    AppendJsonString(&line, std::string_view(msg.logger_name.data(),
-                                             msg.logger_name.size()));
+    AppendJsonString(&line, std::string_view(logger.data(), logger.size()));
+    for (const auto& [name, value] : LogFields(text, logger, pod_)) {
+      line.append(",\"");
+      line.append(name);
+      line.append("\":");
+      AppendJsonString(&line, std::string_view(value.data(), value.size()));
+    }
     line.append(",\"msg\":");
-    AppendJsonString(&line,
-                     std::string_view(msg.payload.data(), msg.payload.size()));
+    AppendJsonString(&line, std::string_view(text.data(), text.size()));
     line.append("}\n");
     dest.append(line.data(), line.data() + line.size());
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
-    return std::make_unique<JsonLogFormatter>();
+    return std::make_unique<JsonLogFormatter>(pod_);
   }
+
+ private:
+  const std::string pod_;
 };
 
 // ---- Signals --------------------------------------------------------------
@@ -242,6 +284,113 @@ void WriteAll(int fd, absl::string_view text) {
   }
 }
 
+// ---- Start-up checks and the pod's own series ----------------------------
+
+// Reads the registry once (one round trip, changing nothing): an error of
+// its settings is returned, anything else (reachable or not) is OK.
+absl::Status CheckRegistrySettings(NodeRegistry& registry,
+                                   const PodConfig& config) {
+  if (config.registry_type != "redis") return absl::OkStatus();
+  Context ctx =
+      Context::Background().WithTimeout(config.manager.operation_timeout);
+  absl::StatusOr<RegistryDescription> d = registry.Describe(ctx);
+  if (d.ok()) return absl::OkStatus();
+  const absl::StatusCode code = d.status().code();
+  // AUTH (WRONGPASS, NOAUTH, NOPERM: a wrong password, no such user) and
+  // SELECT (a database the server does not have).
+  if (code == absl::StatusCode::kPermissionDenied ||
+      code == absl::StatusCode::kUnauthenticated ||
+      code == absl::StatusCode::kInvalidArgument) {
+    return d.status();
+  }
+  return absl::OkStatus();
+}
+
+// What the parts do not publish themselves: readiness, ring sizes, the
+// listener, the process, and every registry error counter at 0.
+class PodSeries {
+ public:
+  PodSeries(MetricsRegistry& metrics, const PodConfig& config)
+      : ready_(metrics.GetGauge(
+            "setpoint_pod_ready",
+            "1 while the pod is ready (/readyz answers 200), else 0.",
+            {{"pod", config.manager.pod_id}})),
+        process_(AddProcessMetrics(metrics)) {
+    const std::string& pod = config.manager.pod_id;
+    for (const NodeKindOptions& kind : config.manager.kinds) {
+      metrics
+          .GetGauge("setpoint_kind_ring_size",
+                    "Shards in the kind's ring (the same in every pod).",
+                    {{"pod", pod}, {"kind", kind.kind}})
+          .Set(static_cast<double>(kind.ring_size));
+    }
+    // The node manager makes these on a first error; made here they are
+    // there from the start, so increase() and rate() see the first one.
+    for (const char* op :
+         {"poll", "handoff", "grant", "release", "deregister"}) {
+      for (const char* code : {"unavailable", "deadline_exceeded", "data_loss",
+                               "failed_precondition", "aborted", "cancelled",
+                               "invalid_argument", "other"}) {
+        metrics.GetCounter("setpoint_registry_errors_total",
+                           "Registry calls that failed, by operation and "
+                           "code.",
+                           {{"pod", pod}, {"op", op}, {"code", code}});
+      }
+    }
+    listener_ = metrics.AddCollector([this, pod](MetricWriter& w) {
+      MutexLock l(&mu_);
+      if (ops_ == nullptr) return;
+      const OpsServerStats s = ops_->stats();
+      const MetricLabels labels = {{"pod", pod}};
+      w.Gauge("setpoint_ops_http_connections",
+              "Connections open on the ops listener.", labels,
+              static_cast<double>(s.connections_open));
+      w.Counter("setpoint_ops_http_connections_accepted_total",
+                "Connections the ops listener accepted.", labels,
+                static_cast<double>(s.connections_accepted));
+      const std::pair<const char*, int64_t> closed[] = {
+          {"connection_limit", s.closed_for_limit},
+          {"request_timeout", s.closed_request_timeout},
+          {"idle_timeout", s.closed_idle},
+          {"write_timeout", s.closed_write_timeout},
+          {"busy", s.refused_busy},
+      };
+      for (const auto& [reason, n] : closed) {
+        w.Counter("setpoint_ops_http_connections_closed_total",
+                  "Connections the ops listener closed before the client "
+                  "was done, by reason.",
+                  WithLabels(labels, {{"reason", reason}}),
+                  static_cast<double>(n));
+      }
+      w.Counter("setpoint_ops_http_requests_total",
+                "Requests the ops listener answered, by result (served by "
+                "a path, or refused as malformed or too large).",
+                WithLabels(labels, {{"result", "served"}}),
+                static_cast<double>(s.requests));
+      w.Counter("setpoint_ops_http_requests_total",
+                "Requests the ops listener answered, by result (served by "
+                "a path, or refused as malformed or too large).",
+                WithLabels(labels, {{"result", "refused"}}),
+                static_cast<double>(s.requests_refused));
+    });
+  }
+
+  void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
+  // The listener whose counts are published; nullptr before it starts and
+  // once it is about to stop.
+  void Listen(const OpsServer* ops) {
+    MutexLock l(&mu_);
+    ops_ = ops;
+  }
+
+ private:
+  Gauge& ready_;
+  Mutex mu_;
+  const OpsServer* ops_ ABSL_GUARDED_BY(mu_) = nullptr;
+  MetricsCollectorHandle process_;
+  MetricsCollectorHandle listener_;
+};
+
 std::string Usage(const PodMainOptions& options, const std::string& program) {
   std::string out = absl::StrCat("usage: ", program, " [--flag=value ...]\n");
   if (!options.description.empty()) {
@@ -277,7 +426,11 @@ std::string Usage(const PodMainOptions& options, const std::string& program) {
   }
   out.append("\nPod config (the YAML keys; a flag wins over the file):\n");
   for (const PodConfigKey& key : PodConfigKeys()) {
-    line(Abseil(key.path), Abseil(key.value), Abseil(key.help));
+    line(Abseil(key.path), Abseil(key.value),
+         key.default_value.empty()
+             ? std::string(Abseil(key.help))
+             : absl::StrCat(Abseil(key.help), " (default ", key.default_value,
+                            ")"));
   }
   if (!options.flags.empty()) {
     absl::StrAppend(&out, "\n", program, "'s flags:\n");
@@ -439,8 +592,50 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> MakeNodeRegistry(
                    Escape(config.registry_type), "\""));
 }
 
-std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter() {
-  return std::make_unique<JsonLogFormatter>();
+std::vector<std::pair<std::string, std::string>> LogFields(
+    absl::string_view msg, absl::string_view logger, absl::string_view pod) {
+  std::optional<absl::string_view> node = MessageValue(msg, "node");
+  // A controller's parts log through a logger named after the node id.
+  if (!node.has_value() && std::count(logger.begin(), logger.end(), '/') == 2) {
+    node = logger;
+  }
+  std::optional<absl::string_view> pod_field = MessageValue(msg, "pod");
+  std::optional<absl::string_view> kind = MessageValue(msg, "kind");
+  if (node.has_value()) {
+    // "<pod>/<kind>/<index>".
+    std::vector<absl::string_view> parts = absl::StrSplit(*node, '/');
+    if (parts.size() == 3) {
+      if (!pod_field.has_value()) pod_field = parts[0];
+      if (!kind.has_value()) kind = parts[1];
+    }
+  }
+  if (!pod_field.has_value() && !pod.empty()) pod_field = pod;
+  std::optional<std::string> component;
+  if (std::optional<absl::string_view> c = MessageValue(msg, "component")) {
+    component = std::string(*c);
+  } else {
+    for (absl::string_view part : {"syncer", "source", "plan", "runner"}) {
+      if (std::optional<absl::string_view> name = MessageValue(msg, part)) {
+        component = absl::StrCat(part, "/", *name);
+        break;
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> fields;
+  auto add = [&](const char* name, std::optional<absl::string_view> v) {
+    if (v.has_value() && !v->empty())
+      fields.emplace_back(name, std::string(*v));
+  };
+  add("pod", pod_field);
+  add("node", node);
+  add("kind", kind);
+  if (component.has_value()) add("component", absl::string_view(*component));
+  add("key", MessageValue(msg, "key"));
+  return fields;
+}
+
+std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter(std::string pod) {
+  return std::make_unique<JsonLogFormatter>(std::move(pod));
 }
 
 std::shared_ptr<spdlog::logger> MakePodLogger(const std::string& name,
@@ -456,7 +651,7 @@ std::shared_ptr<spdlog::logger> MakePodLogger(const std::string& name,
   }
   auto logger = std::make_shared<spdlog::logger>(name, std::move(sink));
   if (json) {
-    logger->set_formatter(MakeJsonLogFormatter());
+    logger->set_formatter(MakeJsonLogFormatter(args.config.manager.pod_id));
   } else {
     logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
         "%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ %n: %v", spdlog::pattern_time_type::utc));
@@ -490,30 +685,50 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
              parsed.text);
     return parsed.exit_code;
   }
-  const PodArgs& args = *parsed.args;
+  PodArgs& args = *parsed.args;
   const std::string program = ProgramName(options, argc, argv);
-  std::shared_ptr<spdlog::logger> logger = MakePodLogger(program, args);
+  // The pod id names every line of the pod's log (the logger, and the pod
+  // field of JSON lines), so it is settled here rather than in the manager.
+  if (args.config.manager.pod_id.empty()) {
+    args.config.manager.pod_id = DefaultPodId();
+  }
+  const std::string& pod = args.config.manager.pod_id;
+  std::shared_ptr<spdlog::logger> logger = MakePodLogger(pod, args);
   spdlog::set_default_logger(logger);
-  SPDLOG_LOGGER_INFO(logger, "pod starting config_file={} {}",
+  SPDLOG_LOGGER_INFO(logger, "pod starting pod={} program={} config_file={} {}",
+                     pod, program,
                      args.config_path.empty() ? "<none>" : args.config_path,
                      args.config.ToString());
 
   absl::StatusOr<std::unique_ptr<NodeRegistry>> registry =
       MakeNodeRegistry(args.config, logger);
   if (!registry.ok()) {
-    SPDLOG_LOGGER_ERROR(logger, "pod not started: {}",
+    SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: {}", pod,
                         std::string(registry.status().message()));
+    return kPodExitBadConfig;
+  }
+  // A registry that refuses the pod's settings (a wrong password, no such
+  // user, a database it does not have) will not start working by itself:
+  // fail now, before any shard, rather than run idle and look like an
+  // outage. An unreachable one is retried by the manager.
+  if (absl::Status s = CheckRegistrySettings(**registry, args.config);
+      !s.ok()) {
+    SPDLOG_LOGGER_ERROR(logger,
+                        "pod not started pod={}: the registry refuses its "
+                        "settings (check registry.* in the pod config): {}",
+                        pod, s);
     return kPodExitBadConfig;
   }
   const int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
   if (signal_fd < 0) {
-    SPDLOG_LOGGER_ERROR(logger, "pod not started: signalfd: {}",
+    SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: signalfd: {}", pod,
                         strerror(errno));
     return kPodExitFailed;
   }
   MetricsRegistry own_metrics;
   MetricsRegistry* metrics =
       options.metrics != nullptr ? options.metrics : &own_metrics;
+  PodSeries series(*metrics, args.config);
   NodeManagerOptions manager_options = args.config.manager;
   manager_options.registry = registry->get();
   manager_options.logger = logger;
@@ -530,6 +745,10 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
                      stuck_after] { return manager.Liveness(stuck_after); },
         .readiness = [&manager,
                       stuck_after] { return manager.Readiness(stuck_after); },
+        .before_metrics =
+            [&manager, &series, stuck_after] {
+              series.SetReady(manager.Readiness(stuck_after).empty());
+            },
         .status =
             [&manager, stuck_after, config = args.config.ToString()] {
               // The config first (its password redacted), then the pod's.
@@ -542,15 +761,16 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
         .logger = logger,
     });
     if (!server.ok()) {
-      SPDLOG_LOGGER_ERROR(logger, "pod not started: http.address: {}",
-                          std::string(server.status().message()));
+      SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: http.address: {}",
+                          pod, std::string(server.status().message()));
       close(signal_fd);
       return kPodExitFailed;
     }
     ops = *std::move(server);
+    series.Listen(ops.get());
   }
   if (absl::Status s = manager.Start(); !s.ok()) {
-    SPDLOG_LOGGER_ERROR(logger, "pod not started: {}", s);
+    SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: {}", pod, s);
     close(signal_fd);
     return absl::IsInvalidArgument(s) ? kPodExitBadConfig : kPodExitFailed;
   }
@@ -564,8 +784,8 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
       failure = "unknown exception";
     }
     if (!failure.empty()) {
-      SPDLOG_LOGGER_ERROR(logger, "pod stopping: on_started threw: {}",
-                          failure);
+      SPDLOG_LOGGER_ERROR(logger, "pod stopping pod={}: on_started threw: {}",
+                          pod, failure);
       manager.Stop();
       close(signal_fd);
       return kPodExitFailed;
@@ -582,17 +802,18 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
   const int sig = WaitForSignal(signal_fd, -1, deadline);
   if (sig > 0) {
     SPDLOG_LOGGER_INFO(logger,
-                       "pod stopping signal={}: handing the shards over; "
-                       "another signal exits at once",
-                       SignalName(sig));
+                       "pod stopping pod={} signal={}: handing the shards "
+                       "over; another signal exits at once",
+                       pod, SignalName(sig));
   } else if (sig == 0) {
     SPDLOG_LOGGER_INFO(logger,
-                       "pod stopping duration={}: handing the shards "
+                       "pod stopping pod={} duration={}: handing the shards "
                        "over",
-                       args.duration);
+                       pod, args.duration);
   } else {
-    SPDLOG_LOGGER_ERROR(logger, "pod stopping: waiting for signals failed: {}",
-                        strerror(errno));
+    SPDLOG_LOGGER_ERROR(logger,
+                        "pod stopping pod={}: waiting for signals failed: {}",
+                        pod, strerror(errno));
     exit_code = kPodExitFailed;
   }
 
@@ -612,11 +833,12 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
     });
   } else {
     SPDLOG_LOGGER_WARN(logger,
-                       "pod stopping without a watch for a second signal: "
-                       "eventfd: {}",
-                       strerror(errno));
+                       "pod stopping pod={} without a watch for a second "
+                       "signal: eventfd: {}",
+                       pod, strerror(errno));
   }
   manager.Stop();
+  series.Listen(nullptr);
   if (ops != nullptr) ops->Stop();  // Served /readyz "not ready" meanwhile.
   if (wake_fd >= 0) {
     uint64_t one = 1;
@@ -626,7 +848,7 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
     close(wake_fd);
   }
   close(signal_fd);
-  SPDLOG_LOGGER_INFO(logger, "pod stopped exit_code={}", exit_code);
+  SPDLOG_LOGGER_INFO(logger, "pod stopped pod={} exit_code={}", pod, exit_code);
   return exit_code;
 }
 

@@ -37,6 +37,46 @@ RegistryDescription Sample() {
   return d;
 }
 
+TEST(StatusTest, AnErrorRedrawsOnlyWhenItBecomesAnotherOne) {
+  EXPECT_EQ(ErrorFingerprint(absl::UnavailableError("retry in 89.9ms")),
+            ErrorFingerprint(absl::UnavailableError("retry in 12.1ms")));
+  EXPECT_NE(ErrorFingerprint(absl::UnavailableError("x")),
+            ErrorFingerprint(absl::PermissionDeniedError("x")));
+}
+
+TEST(StatusTest, APodsShardsAreCountedByKindNeverAddedUp) {
+  RegistryDescription d = Sample();
+  d.kinds["zone"] = KindDescription{
+      .ring_size = 1,
+      .members = {Member("a/zone/0", ShardAssignment{{0, 1}, 13})},
+      .last_token = 13};
+  Status s = BuildStatus(d);
+  ASSERT_EQ(s.pods.size(), 3u);
+  const PodRow& a = s.pods[0];
+  EXPECT_EQ(a.pod, "a");
+  EXPECT_EQ(a.nodes, 2);
+  ASSERT_EQ(a.kinds.size(), 2u);
+  EXPECT_EQ(a.kinds[0].kind, "vm");
+  EXPECT_EQ(a.kinds[0].shards, 50u);
+  EXPECT_EQ(a.kinds[1].kind, "zone");
+  EXPECT_EQ(a.kinds[1].shards, 1u);
+  const std::string text = StatusText(s, {});
+  EXPECT_THAT(text, HasSubstr("  POD  KIND  STATE   NODES  SHARDS  DRAINED "
+                              "SINCE\n"));
+  EXPECT_THAT(text, HasSubstr("  a    vm    active  1      50      -\n"));
+  EXPECT_THAT(text, HasSubstr("  a    zone  active  1      1       -\n"));
+  const std::string json = StatusJson(s, {});
+  EXPECT_THAT(json, HasSubstr("\"pod\":\"a\",\"state\":\"active\","
+                              "\"drained\":false,\"drained_since\":null,"
+                              "\"nodes\":2,\"kinds\":[{\"kind\":\"vm\","
+                              "\"nodes\":1,\"shards\":50},{\"kind\":\"zone\","
+                              "\"nodes\":1,\"shards\":1}]}"));
+  // A node that holds nothing: the empty range and token 0, as /statusz.
+  EXPECT_THAT(json, HasSubstr("\"id\":\"c/vm/0\",\"pod\":\"c\","
+                              "\"state\":\"active\",\"range\":[0,0],"
+                              "\"token\":0,"));
+}
+
 TEST(StatusTest, RowsSharesAndUnownedRanges) {
   Status s = BuildStatus(Sample());
   ASSERT_EQ(s.kinds.size(), 1u);

@@ -188,8 +188,8 @@ TEST_F(SetpointctlTest, StatusShowsEveryNodeAsTheManagersSeeIt) {
           << r.out;
     }
   }
-  EXPECT_TRUE(HasLine(r.out, R"(^  a +active +2 +32 +-$)")) << r.out;
-  EXPECT_TRUE(HasLine(r.out, R"(^  b +active +2 +32 +-$)")) << r.out;
+  EXPECT_TRUE(HasLine(r.out, R"(^  a +vm +active +2 +32 +-$)")) << r.out;
+  EXPECT_TRUE(HasLine(r.out, R"(^  b +vm +active +2 +32 +-$)")) << r.out;
   EXPECT_THAT(r.out, Not(HasSubstr("warnings")));
 
   CtlRun j = Ctl({"status", "--json"});
@@ -202,7 +202,8 @@ TEST_F(SetpointctlTest, StatusShowsEveryNodeAsTheManagersSeeIt) {
                                "\"all_drained\":false"));
   EXPECT_THAT(j.out, HasSubstr("{\"pod\":\"a\",\"state\":\"active\","
                                "\"drained\":false,\"drained_since\":null,"
-                               "\"nodes\":2,\"shards\":32}"));
+                               "\"nodes\":2,\"kinds\":[{\"kind\":\"vm\","
+                               "\"nodes\":2,\"shards\":32}]}"));
   EXPECT_THAT(j.out, HasSubstr("\"kind\":\"vm\",\"ring_size\":64,"
                                "\"ring_size_recorded\":true"));
   for (NodeManager* pod : {&a, &b}) {
@@ -240,7 +241,7 @@ TEST_F(SetpointctlTest, DrainHandsThePodsShardsOverAndUndrainGivesThemBack) {
   for (const NodeState& n : a.Nodes()) {
     EXPECT_TRUE(HasLine(s.out, Row(n, "a", "active", "50.0"))) << s.out;
   }
-  EXPECT_TRUE(HasLine(s.out, R"(^  b +drained +2 +0 +20\d\d-)")) << s.out;
+  EXPECT_TRUE(HasLine(s.out, R"(^  b +vm +drained +2 +0 +20\d\d-)")) << s.out;
   EXPECT_THAT(s.out, HasSubstr("  unowned: none\n"));
   CtlRun j = Ctl({"status", "--json=true"});
   ASSERT_EQ(j.code, 0) << j.err;
@@ -279,7 +280,7 @@ TEST_F(SetpointctlTest, DrainOfAPodThatHasNotJoinedWaitsForIt) {
   NodeManager& later = StartPod("later", 1);
   ASSERT_TRUE(AwaitCondition([&] { return later.stats().drained; }));
   CtlRun s = Ctl({"status"});
-  EXPECT_TRUE(HasLine(s.out, R"(^  later +drained +1 +0 )")) << s.out;
+  EXPECT_TRUE(HasLine(s.out, R"(^  later +vm +drained +1 +0 )")) << s.out;
   EXPECT_TRUE(Balanced({&a}, 1));
   EXPECT_TRUE(AllEmpty(later));
 }
@@ -299,7 +300,7 @@ TEST_F(SetpointctlTest, WatchRedrawsWhenOwnershipChangesAndStopsOnSignal) {
   CtlRun d = Ctl({"drain", "b"});
   ASSERT_EQ(d.code, 0) << d.err;
   // Draining (still holding), then drained: at least one redraw shows it.
-  ASSERT_TRUE(watch.AwaitLine(R"(^  b +drained +1 +0 +20)")) << watch.out();
+  ASSERT_TRUE(watch.AwaitLine(R"(^  b +vm +drained +1 +0 +20)")) << watch.out();
   watch.Signal(SIGTERM);
   EXPECT_EQ(watch.AwaitExit(), 0) << watch.err();
   // --count stops it by itself.
@@ -405,7 +406,8 @@ TEST_F(SetpointctlTest, OddRegistryContentsAreWarningsNotACrash) {
       {"ZADD", prefix + ":kind:vm:members", "+inf", "not-an-id"});
   CtlRun r = Ctl({"status"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(HasLine(r.out, R"(^  x +drained \(no nodes\) +0 +0 +unknown$)"))
+  EXPECT_TRUE(
+      HasLine(r.out, R"(^  x +- +drained \(no nodes\) +0 +0 +unknown$)"))
       << r.out;
   EXPECT_TRUE(HasLine(r.out, R"(^  a/vm/0 +a +active +\[0,64\) +100\.0%)"))
       << r.out;

@@ -30,7 +30,6 @@ class OpsServerTest : public ::testing::Test {
           if (throw_) throw std::runtime_error("status broke");
           return R"({"pod":"p"})";
         },
-        .threads = 2,
         .max_request_bytes = 1024,
     });
     ASSERT_TRUE(server.ok()) << server.status();

@@ -6,11 +6,15 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,6 +120,72 @@ TEST(PodConfigTest, TheProgramsKindsAreDefaultsTheConfigMayChange) {
   EXPECT_EQ(c->manager.kinds[1].ring_size, 64u);
   EXPECT_EQ(c->manager.kinds[2].kind, "extra");  // Added, without a factory.
   EXPECT_EQ(c->manager.kinds[2].factory, nullptr);
+}
+
+TEST(PodConfigTest, ToStringShowsEveryKeyByItsPath) {
+  auto c = ParsePodConfig(kFull, {"--updater_threads=3"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string s = c->ToString();
+  EXPECT_THAT(s, HasSubstr("lease=2s "));
+  EXPECT_THAT(s, HasSubstr("updater_threads=3 "));
+  EXPECT_THAT(s, HasSubstr("kinds.vm.count=2 kinds.dns.count=1 "
+                           "kinds.vm.ring_size=1024 "));
+  EXPECT_THAT(s, HasSubstr("registry.type=redis "
+                           "registry.address=unix:///run/redis.sock "));
+  EXPECT_THAT(s, HasSubstr("registry.password=<redacted> registry.db=3 "));
+  EXPECT_THAT(s, Not(HasSubstr("password_env")));
+  // Every key ToString shows parses back to the same text.
+  // (The password, redacted, is given again.)
+  std::vector<std::string> overrides;
+  for (absl::string_view part : absl::StrSplit(s, ' ')) {
+    overrides.push_back(absl::StrCat("--", part));
+  }
+  auto again = ParsePodConfig("", overrides,
+                              {NodeKindOptions{.kind = "vm"}, {.kind = "dns"}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->ToString(), s);
+}
+
+TEST(PodConfigTest, UpdaterThreadsIsAKey) {
+  auto c = ParsePodConfig("updater_threads: 0\n", {},
+                          {NodeKindOptions{.kind = "vm"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->manager.updater_threads, 0);
+  EXPECT_THAT(ParsePodConfig("", {"--updater_threads=2000"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("updater_threads must be in 0..1024")));
+}
+
+TEST(PodConfigTest, TheKeysDefaultsComeFromPodConfigItself) {
+  const PodConfig defaults;
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    if (key.path == "lease") {
+      EXPECT_EQ(key.default_value,
+                absl::FormatDuration(defaults.manager.lease));
+    }
+    if (key.path == "updater_threads") {
+      EXPECT_EQ(key.default_value,
+                absl::StrCat(defaults.manager.updater_threads));
+    }
+    if (key.path == "kinds.<kind>.ring_size") {
+      EXPECT_EQ(key.default_value, "the program's, else 4096");
+    }
+    if (key.path == "registry.password_env") {
+      EXPECT_EQ(key.default_value, "");
+    }
+  }
+}
+
+TEST(PodConfigTest, EveryKeyIsInThePodGuide) {
+  std::ifstream in(SETPOINT_DOCS_DIR "/pod.md");
+  std::stringstream guide;
+  guide << in.rdbuf();
+  ASSERT_FALSE(guide.str().empty());
+  for (const PodConfigKey& key : PodConfigKeys()) {
+    EXPECT_THAT(guide.str(),
+                HasSubstr(absl::StrCat("| `", std::string(key.path), "` |")))
+        << key.path;
+  }
 }
 
 TEST(PodConfigTest, EveryListedKeyIsOneTheParserKnows) {
@@ -300,12 +370,15 @@ TEST(PodConfigTest, RefusesADefaultFenceMarginThatFencesEveryCycle) {
   EXPECT_THAT(
       ParsePodConfig(kMinimal, {"--lease=1s", "--poll_interval=500ms"})
           .status(),
-      Refused({"fence_margin (default", "must be < lease - poll_interval"}));
+      Refused({"fence_margin (500ms, the default max(20% of lease, "
+               "poll_interval)) must leave more than poll_interval (500ms) of "
+               "the lease (1s)"}));
 }
 
 TEST(PodConfigTest, RefusesAFenceMarginOfLeaseMinusPollOrMore) {
   EXPECT_THAT(ParsePodConfig(kMinimal, {"--fence_margin=2500ms"}).status(),
-              Refused({"fence_margin (2.5s) must be < lease - poll_interval"}));
+              Refused({"fence_margin (2.5s) must leave more than "
+                       "poll_interval (500ms) of the lease (3s)"}));
   EXPECT_THAT(ParsePodConfig(kMinimal, {"--fence_margin=2499ms"}).status(),
               IsOk());
 }

@@ -8,6 +8,7 @@
 //                                 blocks for a minute, so a second signal
 //                                 lands during the stop
 // --fail_factory=true: the factory returns null (the manager cannot start).
+// --series=N: N more gauges in the pod's metrics (a large /metrics).
 //
 // Uses the current Node interface: UpdateShardRange returns void.
 #include <unistd.h>
@@ -20,8 +21,11 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/pod/pod_main.h"
@@ -85,6 +89,8 @@ class WaitingNode : public setpoint::Node {
 int main(int argc, char** argv) {
   bool slow_stop = false;
   bool fail_factory = false;
+  int series = 0;
+  setpoint::MetricsRegistry metrics;
   return setpoint::PodMain(
       argc, argv,
       {
@@ -102,10 +108,28 @@ int main(int argc, char** argv) {
                      .set = BoolFlag(&slow_stop)},
                     {.name = "fail_factory",
                      .help = "the factory returns null",
-                     .set = BoolFlag(&fail_factory)}},
+                     .set = BoolFlag(&fail_factory)},
+                    {.name = "series",
+                     .help = "this many more gauges in /metrics",
+                     .set =
+                         [&](std::string_view v) {
+                           return absl::SimpleAtoi(
+                                      absl::string_view(v.data(), v.size()),
+                                      &series)
+                                      ? absl::OkStatus()
+                                      : absl::InvalidArgumentError(
+                                            "not a number");
+                         }}},
           .on_started =
-              [](setpoint::NodeManager& manager) {
+              [&](setpoint::NodeManager& manager) {
+                for (int i = 0; i < series; ++i) {
+                  metrics
+                      .GetGauge("test_pod_gauge", "A gauge of the test.",
+                                {{"i", absl::StrCat(i)}})
+                      .Set(i);
+                }
                 Line("started pod=" + manager.pod_id());
               },
+          .metrics = &metrics,
       });
 }

@@ -311,7 +311,7 @@ class Ctl {
         fingerprint = StatusFingerprint(status);
         text = Render(status);
       } else {
-        fingerprint = absl::StrCat("error ", d.status().ToString());
+        fingerprint = ErrorFingerprint(d.status());
         text = absl::StrCat("registry ", source_.address, " (namespace ",
                             source_.ns, "): ", d.status().message(), "\n");
       }

@@ -107,10 +107,15 @@ Status BuildStatus(const RegistryDescription& d) {
       pod.pod = row.pod;
       if (live) {
         ++pod.nodes;
+        if (pod.kinds.empty() || pod.kinds.back().kind != name) {
+          pod.kinds.push_back({.kind = name, .nodes = 0, .shards = 0});
+        }
+        ++pod.kinds.back().nodes;
         if (m.held.has_value()) {
           row.held = m.held;
           row.share_percent = 100.0 * m.held->range.size() / k.ring_size;
-          pod.shards += m.held->range.size();
+          pod.kinds.back().shards += m.held->range.size();
+          pod.holds_shards = pod.holds_shards || !m.held->range.Empty();
           held.emplace_back(m.held->range, m.id);
         }
       } else {
@@ -146,9 +151,9 @@ Status BuildStatus(const RegistryDescription& d) {
     if (!drained) {
       pod.state = "active";
     } else if (pod.nodes == 0) {
-      pod.state = pod.shards > 0 ? "draining" : "drained (no nodes)";
+      pod.state = pod.holds_shards ? "draining" : "drained (no nodes)";
     } else {
-      pod.state = pod.shards > 0 ? "draining" : "drained";
+      pod.state = pod.holds_shards ? "draining" : "drained";
     }
     if (pod.nodes > 0) {
       any_live = true;
@@ -222,12 +227,18 @@ std::string StatusText(const Status& s, const StatusSource& source) {
   if (s.pods.empty()) {
     absl::StrAppend(&out, "  none\n");
   } else {
+    // One row per pod and kind: shards of two rings do not add up.
     std::vector<std::vector<std::string>> rows = {
-        {"POD", "STATE", "NODES", "SHARDS", "DRAINED SINCE"}};
+        {"POD", "KIND", "STATE", "NODES", "SHARDS", "DRAINED SINCE"}};
     for (const PodRow& p : s.pods) {
-      rows.push_back({p.pod, p.state, absl::StrCat(p.nodes),
-                      absl::StrCat(p.shards),
-                      p.state == "active" ? "-" : Time(p.drained_since)});
+      const std::string since =
+          p.state == "active" ? "-" : Time(p.drained_since);
+      if (p.kinds.empty())
+        rows.push_back({p.pod, "-", p.state, "0", "0", since});
+      for (const PodKindRow& k : p.kinds) {
+        rows.push_back({p.pod, k.kind, p.state, absl::StrCat(k.nodes),
+                        absl::StrCat(k.shards), since});
+      }
     }
     out += Table(rows, "  ");
   }
@@ -273,8 +284,14 @@ std::string StatusJson(const Status& s, const StatusSource& source) {
                     ",\"drained_since\":");
     JsonTime(&out,
              p.state == "active" ? absl::InfinitePast() : p.drained_since);
-    absl::StrAppend(&out, ",\"nodes\":", p.nodes, ",\"shards\":", p.shards,
-                    "}");
+    absl::StrAppend(&out, ",\"nodes\":", p.nodes, ",\"kinds\":[");
+    for (size_t j = 0; j < p.kinds.size(); ++j) {
+      out += j > 0 ? ",{\"kind\":" : "{\"kind\":";
+      Json(&out, p.kinds[j].kind);
+      absl::StrAppend(&out, ",\"nodes\":", p.kinds[j].nodes,
+                      ",\"shards\":", p.kinds[j].shards, "}");
+    }
+    out += "]}";
   }
   out += "],\"kinds\":[";
   for (size_t i = 0; i < s.kinds.size(); ++i) {
@@ -297,7 +314,7 @@ std::string StatusJson(const Status& s, const StatusSource& source) {
         absl::StrAppend(&out, ",\"range\":[", n.held->range.begin, ",",
                         n.held->range.end, "],\"token\":", n.held->token);
       } else {
-        out += ",\"range\":null,\"token\":null";
+        out += ",\"range\":[0,0],\"token\":0";  // Holds nothing.
       }
       absl::StrAppend(
           &out, ",\"share_percent\":", absl::StrFormat("%.3f", n.share_percent),
@@ -338,6 +355,10 @@ std::string StatusFingerprint(const Status& s) {
   }
   for (const std::string& w : s.warnings) absl::StrAppend(&out, w, "\n");
   return out;
+}
+
+std::string ErrorFingerprint(const absl::Status& error) {
+  return absl::StrCat("error ", absl::StatusCodeToString(error.code()));
 }
 
 }  // namespace setpoint::ctl

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "setpoint/node/node_registry.h"
 #include "setpoint/node/shard.h"
@@ -50,13 +51,24 @@ struct KindRows {
   uint32_t unowned_shards = 0;
 };
 
+// A pod's live nodes of one kind, and the shards they hold (shards of
+// different kinds are of different rings: they are never added up).
+struct PodKindRow {
+  std::string kind;
+  int nodes = 0;
+  uint64_t shards = 0;
+};
+
 struct PodRow {
   std::string pod;
   // "active"; "draining" (drained, still holds shards) or "drained" (holds
   // nothing); "drained (no nodes)" for a flag whose pod has no live node.
   std::string state;
   int nodes = 0;  // Live nodes, all kinds.
-  uint64_t shards = 0;
+  // By kind, in the order of the kinds; kinds it has no live node of are
+  // left out.
+  std::vector<PodKindRow> kinds;
+  bool holds_shards = false;
   absl::Time drained_since = absl::InfinitePast();
 };
 
@@ -77,11 +89,18 @@ Status BuildStatus(const RegistryDescription& description);
 // The readable table (ends with a newline).
 std::string StatusText(const Status& status, const StatusSource& source);
 // One JSON object on one line (ends with a newline). Times are RFC 3339
-// (UTC, ms) or null; durations are ms; tokens are integers.
+// (UTC, ms) or null; durations are ms; tokens are integers; a node that
+// holds nothing has the empty range [0,0] and token 0, as in a pod's
+// /statusz.
 std::string StatusJson(const Status& status, const StatusSource& source);
 // Changes when ownership, membership, drains, the epoch or the warnings do,
 // not when leases are merely renewed or the version moves.
 std::string StatusFingerprint(const Status& status);
+
+// What `watch` compares for a failed look: the status code only, so an
+// error whose text changes on every look (a duration, a count) is shown
+// once, and again only when it becomes another error or goes away.
+std::string ErrorFingerprint(const absl::Status& error);
 
 }  // namespace setpoint::ctl
 

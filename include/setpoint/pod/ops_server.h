@@ -12,16 +12,29 @@
 //   });
 //   int port = (*server)->port();
 //
-// Other paths get 404, other methods 405, and requests over the size bound
-// 413/414/400; a handler that throws is a 500. At most `threads` requests
-// are served at once and `threads` more wait; the listener serves the next
-// one itself, so further connections wait in the kernel's backlog.
+// HTTP/1.0 and 1.1, keep-alive and pipelining (answered in order). Made so
+// that idle, slow and keep-alive clients cannot starve the probes: one
+// event loop does the IO and enforces, per connection, a deadline for the
+// whole request (request_timeout from its first byte, not reset by each
+// byte), a keep-alive idle timeout and a request cap; at most
+// max_connections are open, a new one closing the oldest idle one first;
+// the listen backlog is 512; /healthz and /readyz are answered by a thread
+// of their own, never queued behind /metrics or /statusz (the other one).
+// Other paths get 404, other methods 405 (GET and HEAD are served); a
+// request is refused at once, before any body is read, with 400 when it
+// cannot be HTTP, 413 for a Content-Length over max_request_bytes (every
+// method), 414/431 for a request line / head over 8 KiB, 417 for an Expect
+// header (no 100 Continue), 501 for a Transfer-Encoding, 505 for another
+// HTTP version; 408 when it does not arrive in time. A handler that throws
+// is a 500 (logged). docs/operations.md gives the figures under load.
 //
-// Thread safety: Start, Stop and the destructor belong to the owner; the
-// callbacks run on the server's threads, several at once.
+// Thread safety: Start, Stop and the destructor belong to the owner;
+// stats() from any thread; the callbacks run on the server's two threads:
+// liveness and readiness on one, metrics and status on the other.
 #ifndef SETPOINT_POD_OPS_SERVER_H_
 #define SETPOINT_POD_OPS_SERVER_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,26 +57,66 @@ struct OpsServerOptions {
   // Default: none (always ok).
   std::function<std::vector<std::string>()> liveness = nullptr;
   std::function<std::vector<std::string>()> readiness = nullptr;
+  // Called on the scraping thread before each /metrics is rendered, to set
+  // the gauges of what is read rather than kept (a pod's readiness).
+  // Default: none.
+  std::function<void()> before_metrics = nullptr;
   // The JSON object served at /statusz. Default: "{}".
   std::function<std::string()> status = nullptr;
-  // Threads serving requests (>= 1).
-  // Default: 4.
-  int threads = 4;
-  // A request's body beyond this is refused (413); the request line and
-  // headers are bounded at 8 KiB each.
+  // A request's body beyond this is refused (413), for every method.
   // Default: 16 KiB.
   size_t max_request_bytes = 16 * 1024;
-  // Read and write timeouts of a connection.
+  // The request line and headers together; beyond: 414 or 431.
+  // Default: 8 KiB.
+  size_t max_head_bytes = 8 * 1024;
+  // Open connections (>= 1); one more closes the oldest idle one, else the
+  // oldest still sending its head, else is answered 503.
+  // Default: 256.
+  int max_connections = 256;
+  // A request (head and body) must arrive within this of its first byte;
+  // a new connection must send its first request within this too. 408
+  // and closed otherwise.
+  // Default: 2 s.
+  absl::Duration request_timeout = absl::Seconds(2);
+  // A keep-alive connection may wait this long for its next request.
   // Default: 5 s.
-  absl::Duration timeout = absl::Seconds(5);
+  absl::Duration keep_alive_timeout = absl::Seconds(5);
+  // Requests on one connection; the last answer says "Connection: close".
+  // Default: 100.
+  int max_requests_per_connection = 100;
+  // An answer must be written (read by the client) within this.
+  // Default: 5 s.
+  absl::Duration write_timeout = absl::Seconds(5);
   // Default: spdlog's default logger at Start.
   std::shared_ptr<spdlog::logger> logger = nullptr;
+};
+
+// What the listener did since Start, for its series
+// (setpoint_ops_http_*, docs/operations.md).
+struct OpsServerStats {
+  int64_t connections_open = 0;
+  int64_t connections_accepted = 0;
+  // Closed by the server before the client was done, by why: for a newer
+  // connection at max_connections; the request took longer than
+  // request_timeout (or a new connection sent nothing); the keep-alive idle
+  // timeout; the client did not read the answer within write_timeout.
+  int64_t closed_for_limit = 0;
+  int64_t closed_request_timeout = 0;
+  int64_t closed_idle = 0;
+  int64_t closed_write_timeout = 0;
+  // New connections answered 503: every open one was being served.
+  int64_t refused_busy = 0;
+  // Requests answered by the paths' handlers, and refused before them
+  // (400, 413, 414, 417, 431, 501, 505).
+  int64_t requests = 0;
+  int64_t requests_refused = 0;
 };
 
 class OpsServer {
  public:
   // Binds and starts serving. kInvalidArgument for an address that does
-  // not parse; kUnavailable when it cannot be bound (in use, not local).
+  // not parse or options out of range; kUnavailable when it cannot be
+  // bound (in use, not local).
   static absl::StatusOr<std::unique_ptr<OpsServer>> Start(
       OpsServerOptions options);
   // Calls Stop().
@@ -71,8 +124,11 @@ class OpsServer {
   OpsServer(const OpsServer&) = delete;
   OpsServer& operator=(const OpsServer&) = delete;
 
-  // Stops accepting, waits for the requests being served. Idempotent.
+  // Stops accepting, closes every connection, waits for the callbacks
+  // running. Idempotent.
   void Stop();
+  // Connections and requests since Start (see OpsServerStats).
+  OpsServerStats stats() const;
   // The bound port, and "host:port" with it.
   int port() const { return port_; }
   std::string address() const;

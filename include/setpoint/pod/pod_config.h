@@ -37,9 +37,11 @@
 //  - Durations are finite whole milliseconds (the registry counts ms),
 //    1ms..24h; fence_margin may also be 0 (the default margin).
 //  - lease >= 2 * poll_interval: a renewal must be able to fail once and
-//    still leave time before the fence. The effective fence margin
-//    (fence_margin, or max(20% of lease, poll_interval) when 0) must be
-//    < lease - poll_interval, or a node would fence before every renewal.
+//    still leave time before the fence. Then the node manager's own rules
+//    (ValidateNodeManagerOptions): the effective fence margin
+//    (fence_margin, or max(20% of lease, poll_interval) when 0) must leave
+//    more than poll_interval of the lease, or a node would fence before
+//    every renewal.
 //  - count is 1..kPodConfigMaxCount per kind, at most kPodConfigMaxKinds
 //    kinds, ring_size 1..kPodConfigMaxRingSize, db 0..2^31-1.
 //  - pod_id, kind names, registry.namespace and registry.username are
@@ -93,7 +95,9 @@ struct PodConfig {
   // /healthz fails after this long without progress.
   absl::Duration stuck_after = absl::Seconds(30);
 
-  // A readable summary with the password redacted.
+  // Every key with its value, "path=value" in the order of
+  // PodConfigKeys() (kinds.<kind>.* once per kind; registry.* only for
+  // redis), the password redacted and its sources left out.
   std::string ToString() const;
 };
 
@@ -104,11 +108,16 @@ struct PodConfigKey {
   std::string_view path;
   // What the value looks like: "<duration>", "memory|redis".
   std::string_view value;
-  // One line: what it does and its default.
+  // One line: what it does.
   std::string_view help;
+  // What the key is when it is not given, from PodConfig's own defaults
+  // ("500ms"), or how it is found ("the program's, else 1"); empty when
+  // there is none (a password's sources).
+  std::string default_value;
 };
 
-// Every setting: the top-level ones, the per-kind ones, then the registry's.
+// Every setting, from the one table that parsing and ToString use too: the
+// top-level ones, the per-kind ones, the listener's, then the registry's.
 std::span<const PodConfigKey> PodConfigKeys();
 
 // Parses YAML text, then applies `overrides` ("--path=value", a later one

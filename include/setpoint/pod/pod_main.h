@@ -41,8 +41,11 @@
 //                         the program's options are broken (a PodFlag that
 //                         clashes with a built-in one, a kind without
 //                         factory);
-//   2 (kPodExitBadConfig) bad flags, YAML or values, or a kind the program
-//                         does not run.
+//   2 (kPodExitBadConfig) bad flags, YAML or values, a kind the program
+//                         does not run, or a registry that refuses the
+//                         pod's settings at start (a wrong password, no
+//                         such user, a database it does not have), before
+//                         any shard is taken.
 // A registry that cannot be reached at start is not a failure: the manager
 // keeps retrying, and its nodes stay idle until it answers.
 //
@@ -53,11 +56,16 @@
 // stay blocked when it returns.
 //
 // Logs: spdlog's default logger becomes a stderr logger named after the
-// program, and is the logger given to the manager and the registry. Text:
-//   2026-12-01T10:28:05.384123Z info jobs: node manager started pod=a nodes=2
-// JSON (--log_format=json), one object per line:
-//   {"time":"2026-12-01T10:28:05.384123Z","level":"info","logger":"jobs",
-//    "msg":"node manager started pod=a nodes=2"}
+// pod id (pod_id, else DefaultPodId()), and is the logger given to the
+// manager and the registry; the pod's own lines name the pod (pod=). Text:
+//   2026-12-01T10:28:05.384123Z info a: node manager started pod=a nodes=2
+// JSON (--log_format=json), one object per line, with the fields of
+// LogFields beside msg:
+//   {"time":"2026-12-01T10:28:05.384123Z","level":"info","logger":"a",
+//    "pod":"a","msg":"node manager started pod=a nodes=2"}
+// /metrics also has the pod's own series: setpoint_pod_ready,
+// setpoint_kind_ring_size, setpoint_ops_http_* and process_*
+// (docs/operations.md).
 //
 // Thread safety: PodMain belongs to the main thread and is called once.
 // ParsePodArgs, PodUsage, MakeNodeRegistry and MakePodLogger are pure or
@@ -70,10 +78,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "setpoint/base/metrics.h"
 #include "setpoint/node/node_manager.h"
@@ -177,9 +187,25 @@ absl::StatusOr<std::unique_ptr<NodeRegistry>> MakeNodeRegistry(
 
 // A formatter that writes each message as one JSON object on one line:
 // time (RFC 3339, UTC, microseconds), level (trace, debug, info, warn,
-// error, critical), logger and msg. Strings are JSON-escaped; control bytes
-// become \uXXXX, and bytes that are not UTF-8 become U+FFFD.
-std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter();
+// error, critical), logger, then the fields of LogFields (pod, node, kind,
+// component, key: those there are), then msg, unchanged. Strings are
+// JSON-escaped; control bytes become \uXXXX, and bytes that are not UTF-8
+// become U+FFFD. `pod` is the pod field of lines that name none.
+std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter(std::string pod = "");
+
+// The fields a JSON log line carries beside msg, read from the house format
+// of messages ("event phrase key=value key=\"quoted\" ..."):
+//   node       node=, else the logger's name when it is a node id
+//              (<pod>/<kind>/<index>: a controller's parts log through a
+//              logger named so);
+//   pod, kind  pod= and kind=, else the parts of the node id, else (pod)
+//              `pod`;
+//   component  component=, else the first of syncer=, source=, plan=,
+//              runner= as "<part>/<name>" ("syncer/records");
+//   key        key=.
+// In that order, each at most once, empty ones left out.
+std::vector<std::pair<std::string, std::string>> LogFields(
+    absl::string_view msg, absl::string_view logger, absl::string_view pod);
 
 // A logger named `name` at `args.log_level` in `args.log_format`, writing to
 // `sink` (Default: a stderr sink, coloured when it is a terminal and the
