@@ -4,17 +4,16 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
 
 namespace setpoint {
 
 bool IsRetryable(const RetryPolicy& policy, const absl::Status& error) {
   if (error.ok()) return false;
   if (!policy.retryable) return !IsTerminalError(error);
-  try {
-    return policy.retryable(error);
-  } catch (...) {
-    return false;
-  }
+  absl::StatusOr<bool> retry =
+      CallUserCode("retryable", [&] { return policy.retryable(error); });
+  return retry.ok() && *retry;
 }
 
 absl::Status ValidateRetryPolicy(const RetryPolicy& policy) {

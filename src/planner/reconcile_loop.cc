@@ -8,6 +8,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/status.h"
 #include "spdlog/spdlog.h"
@@ -73,6 +74,31 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& o) {
   return ValidateSchedulerOptions(o.scheduler);
 }
 
+void ReconcileLoop::InitCounters() {
+  MetricsRegistry* m = options_.metrics;
+  if (m == nullptr) return;
+  // Every series exists from the start, at 0, so alert rules see them.
+  const MetricLabels base =
+      WithLabels(options_.metric_labels, {{"plan", plan_name_}});
+  for (const char* result : {"converged", "failed", "stale", "interrupted"}) {
+    m->GetCounter("setpoint_plan_executions_total",
+                  "Plan executions, by result (converged, failed, stale, "
+                  "interrupted by a pause or stop).",
+                  WithLabels(base, {{"result", result}}));
+  }
+  for (const char* result : {"succeeded", "failed", "not_run"}) {
+    m->GetCounter("setpoint_plan_steps_total",
+                  "Plan steps, by result (succeeded, failed, not run).",
+                  WithLabels(base, {{"result", result}}));
+  }
+  m->GetCounter("setpoint_plan_retries_total", "Step attempts retried.", base);
+  m->GetCounter("setpoint_plan_rounds_total",
+                "Create calls that returned work (rounds run).", base);
+  m->GetHistogram("setpoint_plan_execution_duration_seconds",
+                  "How long plan executions took.", base,
+                  Histogram::DurationBuckets());
+}
+
 void ReconcileLoop::CountReport(const ExecutionReport& report, bool interrupted,
                                 bool stale) {
   MetricsRegistry* m = options_.metrics;
@@ -126,11 +152,10 @@ ReconcileLoop::ReconcileLoop(Plan& plan, ReconcileLoopOptions options)
       paused_(options_.start_paused),
       failure_backoff_(options_.failure_backoff, options_.seed),
       rng_(options_.seed + 1) {
-  try {
-    plan_name_ = plan_.Name();
-  } catch (...) {
-    plan_name_ = "(plan name threw)";
-  }
+  absl::StatusOr<std::string> name =
+      CallUserCode("plan name", [this] { return plan_.Name(); });
+  plan_name_ = name.ok() ? *std::move(name) : "(plan name threw)";
+  if (options_status_.ok()) InitCounters();
 }
 
 ReconcileLoop::~ReconcileLoop() { Stop(); }
@@ -238,14 +263,11 @@ absl::Duration ReconcileLoop::NextWaitLocked(Outcome outcome) {
 
 bool ReconcileLoop::GateOpen() {
   if (!options_.gate) return true;
-  try {
-    return options_.gate();
-  } catch (const std::exception& e) {
-    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={} err=\"{}\"",
-                       plan_name_, e.what());
-  } catch (...) {
-    SPDLOG_LOGGER_WARN(logger_, "reconcile gate threw plan={}", plan_name_);
-  }
+  absl::StatusOr<bool> open =
+      CallUserCode("reconcile gate", [this] { return options_.gate(); });
+  if (open.ok()) return *open;
+  SPDLOG_LOGGER_WARN(logger_, "reconcile gate failed plan={}: {}", plan_name_,
+                     open.status());
   return false;
 }
 
@@ -297,12 +319,13 @@ bool ReconcileLoop::RunClaimed(const Context& ctx) {
       std::make_shared<const ExecutionMark>(ExecutionMark{this}));
   std::optional<std::string> hook_error;
   if (options_.execution_context) {
-    try {
-      exec_ctx = options_.execution_context(exec_ctx);
-    } catch (const std::exception& e) {
-      hook_error = e.what();
-    } catch (...) {
-      hook_error = "a non-standard exception";
+    absl::StatusOr<Context> hooked = CallUserCode("execution_context", [&] {
+      return options_.execution_context(exec_ctx);
+    });
+    if (hooked.ok()) {
+      exec_ctx = *std::move(hooked);
+    } else {
+      hook_error = std::string(hooked.status().message());
     }
   }
   if (hook_error.has_value()) {
@@ -364,15 +387,11 @@ bool ReconcileLoop::RunClaimed(const Context& ctx) {
                        plan_name_, wait);
   }
   if (options_.on_report) {
-    try {
-      options_.on_report(report);
-    } catch (const std::exception& e) {
-      SPDLOG_LOGGER_WARN(logger_,
-                         "reconcile on_report threw plan={} err=\"{}\"",
-                         plan_name_, e.what());
-    } catch (...) {
-      SPDLOG_LOGGER_WARN(logger_, "reconcile on_report threw plan={}",
-                         plan_name_);
+    absl::Status s =
+        CallUserCode("on_report", [&] { options_.on_report(report); });
+    if (!s.ok()) {
+      SPDLOG_LOGGER_WARN(logger_, "reconcile on_report failed plan={}: {}",
+                         plan_name_, s);
     }
   }
   MutexLock l(&mu_);

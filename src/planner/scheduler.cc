@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "planner/procedure_arena.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/base/retry.h"
@@ -28,41 +29,27 @@ std::atomic<uint64_t> g_next_execution_id{1};
 // How many names an error message lists before it says "+N more".
 constexpr size_t kMaxNamesInMessage = 10;
 
-std::string ExceptionText() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "a non-standard exception";
-  }
-}
-
+// User code is called through CallUserCode, the one boundary for what
+// it throws (kInternal "<what> threw: ...").
 absl::StatusOr<Procedures> SafeCreate(Plan& plan, const Context& ctx) {
-  try {
-    return plan.Create(ctx);
-  } catch (...) {
-    return absl::UnknownError(absl::StrCat("threw: ", ExceptionText()));
-  }
+  return CallUserCode("create", [&] { return plan.Create(ctx); });
 }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<Procedures> SafeDo(
     Procedure& procedure, const Context& ctx, bool* threw) {
-  try {
-    return procedure.Do(ctx);
-  } catch (...) {
+  absl::StatusOr<Procedures> out =
+      CallUserCode("do", [&] { return procedure.Do(ctx); });
+  if (ABSL_PREDICT_FALSE(!out.ok()) && ThrewException(out.status())) {
     *threw = true;
-    return absl::UnknownError(absl::StrCat("threw: ", ExceptionText()));
   }
+  return out;
 }
 
 std::string SafePlanName(const Plan& plan) {
-  try {
-    std::string name = plan.Name();
-    return name.empty() ? std::string("(unnamed plan)") : name;
-  } catch (...) {
-    return "(plan name threw)";
-  }
+  absl::StatusOr<std::string> name =
+      CallUserCode("plan name", [&] { return plan.Name(); });
+  if (!name.ok()) return "(plan name threw)";
+  return name->empty() ? std::string("(unnamed plan)") : *std::move(name);
 }
 
 // Whether `list` holds a null procedure (reads only the pointers).
@@ -559,11 +546,15 @@ class Execution {
     report_.retries = retries_.load();
     report_.status = failure_;
     report_.duration = clock_->Now() - report_.started;
-    spdlog::level::level_enum level =
-        report_.status.ok() ? spdlog::level::info : spdlog::level::warn;
+    // An execution that did nothing (the world already matched) is a
+    // debug line: a leader's steady plan runs every interval.
+    const bool idle = report_.rounds == 0 && report_.steps_run == 0;
+    spdlog::level::level_enum level = !report_.status.ok() ? spdlog::level::warn
+                                      : idle ? spdlog::level::debug
+                                             : spdlog::level::info;
     if (logger_ != nullptr && logger_->should_log(level)) {
       if (report_.status.ok()) {
-        SPDLOG_LOGGER_INFO(logger_, "plan executed {}", report_.Summary());
+        logger_->log(level, "plan executed {}", report_.Summary());
       } else {
         SPDLOG_LOGGER_WARN(logger_, "plan failed {}", report_.Summary());
       }
@@ -670,12 +661,12 @@ absl::StatusOr<std::vector<PreviewItem>> Scheduler::Preview(const Context& ctx,
   items.reserve(created->size());
   for (const auto& p : *created) {
     PreviewItem item{.name = p->Name(), .description = {}};
-    try {
-      item.description = p->Description();
-    } catch (...) {
-      item.description =
-          absl::StrCat("(description threw: ", ExceptionText(), ")");
-    }
+    absl::StatusOr<std::string> description =
+        CallUserCode("description", [&] { return p->Description(); });
+    item.description =
+        description.ok()
+            ? *std::move(description)
+            : absl::StrCat("(", description.status().message(), ")");
     items.push_back(std::move(item));
   }
   return items;

@@ -14,8 +14,10 @@
 #include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "processor/cpu_relax.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
+#include "setpoint/base/status.h"
 #include "spdlog/spdlog.h"
 
 // Design.
@@ -900,18 +902,11 @@ absl::StatusOr<TimerHandle> Runner::PostAt(absl::Time when, Event event,
 }
 
 void Runner::RunEvent(Event& event, const char* origin, Tally& tally) {
-  try {
-    std::move(event)();
-  } catch (const std::exception& e) {
+  absl::Status s = CallUserCode("event", [&] { std::move(event)(); });
+  if (ABSL_PREDICT_FALSE(!s.ok())) {
     ++tally.threw;
-    SPDLOG_LOGGER_ERROR(logger_, "event threw runner={} origin={} err=\"{}\"",
-                        name_, origin, e.what());
-  } catch (...) {
-    ++tally.threw;
-    SPDLOG_LOGGER_ERROR(
-        logger_,
-        "event threw runner={} origin={} err=\"a non-standard exception\"",
-        name_, origin);
+    SPDLOG_LOGGER_ERROR(logger_, "event failed runner={} origin={}: {}", name_,
+                        origin, s);
   }
   ++tally.ran;
   if (tally.threshold != INT64_MAX) {
@@ -919,8 +914,8 @@ void Runner::RunEvent(Event& event, const char* origin, Tally& tally) {
     if (ABSL_PREDICT_FALSE(end - tally.start > tally.threshold)) {
       ++tally.slow;
       SPDLOG_LOGGER_WARN(logger_,
-                         "slow event on runner (IO on the runner?) runner={} "
-                         "origin={} took={}",
+                         "slow event on runner, events behind it wait (keep IO "
+                         "off the runner) runner={} origin={} took={}",
                          name_, origin, absl::Nanoseconds(end - tally.start));
     }
     tally.start = end;
@@ -1184,18 +1179,8 @@ namespace runner_internal {
 
 absl::Status CallCatching(const std::string& runner, const char* origin,
                           absl::FunctionRef<void()> call) {
-  try {
-    call();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("post and wait on runner ", runner,
-                                            " origin=", origin,
-                                            ": threw: ", e.what()));
-  } catch (...) {
-    return absl::InternalError(
-        absl::StrCat("post and wait on runner ", runner, " origin=", origin,
-                     ": threw a non-standard exception"));
-  }
+  return Annotate(CallUserCode("post and wait", call),
+                  absl::StrCat("runner ", runner, " origin=", origin));
 }
 
 }  // namespace runner_internal

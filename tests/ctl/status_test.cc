@@ -48,7 +48,7 @@ TEST(StatusTest, APodsShardsAreCountedByKindNeverAddedUp) {
   RegistryDescription d = Sample();
   d.kinds["zone"] = KindDescription{
       .ring_size = 1,
-      .members = {Member("a/zone/0", ShardAssignment{{0, 1}, 13})},
+      .members = {Member("a/zone/0", Assignment{{0, 1}, 13})},
       .last_token = 13};
   Status s = BuildStatus(d);
   ASSERT_EQ(s.pods.size(), 3u);

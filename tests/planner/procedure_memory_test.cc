@@ -343,7 +343,7 @@ TEST_F(ProcedureMemoryTest, ThrowingDoAndThrowingConstructor) {
   });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status,
-              StatusIs(absl::StatusCode::kUnknown, ::testing::HasSubstr("do")));
+              StatusIs(absl::StatusCode::kInternal, ::testing::HasSubstr("do")));
   EXPECT_EQ(r.steps_failed, 1);
   EXPECT_EQ(r.steps_not_run, 1);
 }

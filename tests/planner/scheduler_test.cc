@@ -337,7 +337,7 @@ TEST(Scheduler, ExceptionsBecomeFailedSteps) {
             }));
       });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal,
                                  AllOf(HasSubstr("step=\"explode\""),
                                        HasSubstr("threw: kaboom"))));
   ASSERT_EQ(r.steps.size(), 1u);
@@ -352,7 +352,7 @@ TEST(Scheduler, NonStandardExceptionsToo) {
             [](const Context&) -> absl::StatusOr<Procedures> { throw 42; }));
       });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal,
                                  HasSubstr("non-standard exception")));
 }
 
@@ -362,7 +362,7 @@ TEST(Scheduler, ExceptionFromCreateIsAClearError) {
         throw std::logic_error("inventory corrupt");
       });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnknown,
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal,
                                  AllOf(HasSubstr("plan=bad-create"),
                                        HasSubstr("create round=1"),
                                        HasSubstr("inventory corrupt"))));
@@ -605,7 +605,7 @@ TEST(Scheduler, ExceptionsAreNotRetried) {
       });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
   EXPECT_THAT(r.status,
-              StatusIs(absl::StatusCode::kUnknown, HasSubstr("vector::at")));
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("vector::at")));
   EXPECT_EQ(calls, 1);
 }
 
@@ -866,7 +866,7 @@ TEST(Scheduler, PreviewReportsBadPlans) {
   });
   Scheduler s(Quiet());
   EXPECT_THAT(s.Preview(Context(), throws),
-              StatusIs(absl::StatusCode::kUnknown, HasSubstr("nope")));
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("nope")));
   EXPECT_THAT(s.Preview(Context(), nulls),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("preview plan=n create")));

@@ -39,7 +39,7 @@ class Plan {
 
   // Observes the world and returns the procedures that move it towards the
   // plan; an empty list means converged. Errors abort the execution.
-  // Exceptions are caught and become kUnknown errors.
+  // Exceptions are caught and become kInternal errors (ThrewException).
   virtual absl::StatusOr<Procedures> Create(const Context& ctx) = 0;
 };
 

@@ -162,7 +162,7 @@ class Procedure {
   virtual std::string Description() const { return {}; }
 
   // Performs the step. Returns the follow-up procedures (possibly none), or an
-  // error. Exceptions are caught by the Scheduler and become kUnknown
+  // error. Exceptions are caught by the Scheduler and become kInternal
   // failures carrying the exception's text. Must honour `ctx` when it blocks.
   virtual absl::StatusOr<Procedures> Do(const Context& ctx) = 0;
 

@@ -207,6 +207,8 @@ class ReconcileLoop {
   std::string plan_name_;  // For logs; read once so a throwing Name() is safe.
   // Counts `report` in options_.metrics (no-op without).
   void CountReport(const ExecutionReport& report, bool interrupted, bool stale);
+  // Makes every counter of options.metrics, at 0.
+  void InitCounters();
   const ReconcileLoopOptions options_;
   const absl::Status options_status_;
   const Scheduler scheduler_;

@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/logging.h"
 #include "setpoint/processor/runner.h"
@@ -222,30 +223,20 @@ void Transformer<K, D>::Watch(
       [this, alive = std::weak_ptr<char>(alive_),
        hook = std::move(hook)](const Change<IK, IV>& change) mutable {
         if (alive.expired()) return;
-        DesiredDiff<K, D> diff;
-        try {
-          diff = hook(change);
-        } catch (const std::exception& e) {
+        absl::StatusOr<DesiredDiff<K, D>> diff =
+            CallUserCode("transformer hook", [&] { return hook(change); });
+        if (!diff.ok()) {
           ++stats_.hook_failures;
           SPDLOG_LOGGER_ERROR(logger_,
-                              "transformer hook threw, change skipped "
+                              "transformer hook failed, change skipped "
                               "transformer={}: {}",
-                              name(), e.what());
-          if (snapshot_ != nullptr)
-            ScheduleSnapshot(options_.accumulation_window);
-          return;
-        } catch (...) {
-          ++stats_.hook_failures;
-          SPDLOG_LOGGER_ERROR(logger_,
-                              "transformer hook threw a non-exception, change "
-                              "skipped transformer={}",
-                              name());
+                              name(), diff.status());
           if (snapshot_ != nullptr)
             ScheduleSnapshot(options_.accumulation_window);
           return;
         }
         ++stats_.hook_diffs;
-        ApplyDiff(std::move(diff));
+        ApplyDiff(*std::move(diff));
       });
   DependOn(store);
   if (InputsInSync() && !SelfSynced()) ScheduleSnapshot(absl::ZeroDuration());
@@ -294,35 +285,25 @@ void Transformer<K, D>::ScheduleSnapshot(absl::Duration delay) {
 template <class K, class D>
 void Transformer<K, D>::RunSnapshot() {
   if (!InputsInSync()) return;  // Runs again when they come back.
-  DesiredMap desired;
-  try {
-    desired = snapshot_();
-  } catch (...) {
+  absl::StatusOr<DesiredMap> desired =
+      CallUserCode("transformer snapshot", [&] { return snapshot_(); });
+  if (!desired.ok()) {
     ++stats_.snapshot_failures;
     absl::Duration retry =
         BackoffDelay({.initial = std::max(options_.accumulation_window,
                                           absl::Milliseconds(10)),
                       .max = absl::Minutes(1)},
                      failures_++, 0.0);
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      SPDLOG_LOGGER_ERROR(logger_,
-                          "transformer snapshot threw transformer={} "
-                          "retry_in={}: {}",
-                          name(), retry, e.what());
-    } catch (...) {
-      SPDLOG_LOGGER_ERROR(logger_,
-                          "transformer snapshot threw a non-exception "
-                          "transformer={} retry_in={}",
-                          name(), retry);
-    }
+    SPDLOG_LOGGER_ERROR(logger_,
+                        "transformer snapshot failed transformer={} "
+                        "retry_in={}: {}",
+                        name(), retry, desired.status());
     ScheduleSnapshot(retry);
     return;
   }
   failures_ = 0;
   ++stats_.snapshots;
-  sink_->ReplaceDesired(std::move(desired));
+  sink_->ReplaceDesired(*std::move(desired));
   SetSelfSynced(true);
 }
 
