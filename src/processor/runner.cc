@@ -1179,8 +1179,9 @@ namespace runner_internal {
 
 absl::Status CallCatching(const std::string& runner, const char* origin,
                           absl::FunctionRef<void()> call) {
-  return Annotate(CallUserCode("post and wait", call),
-                  absl::StrCat("runner ", runner, " origin=", origin));
+  return Annotate(
+      CallUserCode("fn", call),
+      absl::StrCat("post and wait on runner ", runner, " origin=", origin));
 }
 
 }  // namespace runner_internal

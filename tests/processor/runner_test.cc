@@ -900,7 +900,7 @@ TEST(RunnerPostAndWait, AThrowingFnIsInternalAndTheRunnerGoesOn) {
                   "read items"),
               StatusIs(absl::StatusCode::kInternal,
                        "post and wait on runner test origin=read items: "
-                       "threw: boom"));
+                       "fn threw: boom"));
   EXPECT_THAT(runner.PostAndWait(Context(), [] { throw 7; }),
               StatusIs(absl::StatusCode::kInternal,
                        HasSubstr("non-standard exception")));
