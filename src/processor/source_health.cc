@@ -9,7 +9,8 @@
 namespace setpoint {
 namespace {
 
-constexpr const char* kRelistReasons[] = {"expired", "range", "fresh"};
+constexpr const char* kRelistReasons[] = {"expired", "range", "fresh",
+                                          "lost_sync"};
 constexpr const char* kReconnectReasons[] = {"error", "idle_timeout",
                                              "closed"};
 
@@ -17,7 +18,7 @@ int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
 // "3.2s", "250ms": short enough for a probe's line.
 std::string Age(absl::Duration d) {
-  if (d < absl::ZeroDuration()) d = absl::ZeroDuration();
+  if (d < absl::Milliseconds(1)) return "0s";
   const absl::Duration unit =
       d >= absl::Seconds(1) ? absl::Milliseconds(100) : absl::Milliseconds(1);
   return absl::FormatDuration(absl::Trunc(d, unit));
@@ -60,12 +61,14 @@ SourceHealth::SourceHealth(SourceHealthOptions options)
   list_duration_ = &m->GetHistogram("setpoint_source_list_duration_seconds",
                                     "How long list calls took.", l,
                                     Histogram::DurationBuckets());
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     relists_[i] = &m->GetCounter(
         "setpoint_source_relists_total",
-        "Lists made again: a watch expired, the range changed, or a reader "
-        "asked for fresh state.",
+        "Lists made again: a watch expired, the range changed, a reader "
+        "asked for fresh state, or failures lost sync.",
         WithLabels(l, {{"reason", kRelistReasons[i]}}));
+  }
+  for (int i = 0; i < 3; ++i) {
     reconnects_[i] = &m->GetCounter(
         "setpoint_source_watch_reconnects_total",
         "Watch streams opened again from the resume token, by reason.",
@@ -188,7 +191,12 @@ void SourceHealth::WatchFailed(const absl::Status& error, WatchReconnect why) {
   }
   Counter* c = reconnects_[static_cast<int>(why)];
   if (c != nullptr) c->Increment();
-  if (why != WatchReconnect::kClosed) CountError("watch", error);
+  CountError("watch", error);
+}
+
+void SourceHealth::WatchClosed() {
+  Counter* c = reconnects_[static_cast<int>(WatchReconnect::kClosed)];
+  if (c != nullptr) c->Increment();
 }
 
 void SourceHealth::WatchExpired() {

@@ -79,8 +79,10 @@ struct SourceStatus {
   std::string token;
 };
 
-// Why a relist happened (setpoint_source_relists_total{reason}).
-enum class SourceRelist { kExpired, kRange, kFresh };
+// Why a relist happened (setpoint_source_relists_total{reason}): a watch
+// expired, a filtered source's range changed, a reader asked for fresh
+// state (AwaitFresh), or failures made the view lose sync.
+enum class SourceRelist { kExpired, kRange, kFresh, kLostSync };
 // Why a watch stream was opened again
 // (setpoint_source_watch_reconnects_total{reason}).
 enum class WatchReconnect { kError, kIdle, kClosed };
@@ -100,7 +102,10 @@ class SourceHealth {
   void WatchOpened();
   // Events received in one batch (bookmark: the batch only moved the token).
   void WatchActivity(int64_t sets, int64_t deletes, bool bookmark);
+  // A stream broke (kError) or stayed idle (kIdle): a failure.
   void WatchFailed(const absl::Status& error, WatchReconnect why);
+  // A stream ended cleanly (kClosed): not a failure.
+  void WatchClosed();
   void WatchExpired();
   void SetToken(std::string token);
   // The cache's state after a change.
@@ -129,7 +134,7 @@ class SourceHealth {
   Counter* lists_ok_ = nullptr;
   Counter* lists_failed_ = nullptr;
   Histogram* list_duration_ = nullptr;
-  Counter* relists_[3] = {};
+  Counter* relists_[4] = {};
   Counter* events_set_ = nullptr;
   Counter* events_delete_ = nullptr;
   Counter* bookmarks_ = nullptr;

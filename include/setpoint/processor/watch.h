@@ -66,9 +66,10 @@ template <class K, class V>
 struct WatchBatch {
   // In stream order; a key may appear more than once (the last wins).
   std::vector<WatchEvent<K, V>> events = {};
-  // The position after these events, to resume from; empty keeps the
-  // previous one. A batch with no events and a new token is a bookmark: it
-  // moves the position on a quiet stream (and shows the stream is alive).
+  // The position after these events, to resume from. Empty: no news (the
+  // deadline came with nothing to say; with events: keep the previous
+  // position). A batch with no events and a token is a bookmark: it moves
+  // the position on a quiet stream and shows the stream is alive.
   std::string token = "";
   // The stream ended cleanly after these events (a server-side timeout):
   // the source opens a new one from the token at once.
