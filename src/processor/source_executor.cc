@@ -18,12 +18,13 @@
 // clock until the earliest due time or a change (`version_`); the other
 // idle threads, the followers, wait in real time for the leader's place.
 // A thread that finds a task due takes it (running: no other thread runs
-// it) and, when other tasks wait, hands the lead on first: it signals a
-// follower, or starts a thread if none is idle. So a task never waits for
-// a thread while one could wait for it, and an executor with one task has
-// one thread. A follower that waited `idle_exit` leaves, unless it is the
-// last thread; the threads that left are joined by the next thread start
-// or by Stop().
+// it) and, when other tasks wait, hands the lead on first: it wakes the
+// follower that went idle last, or starts a thread if none is idle. So a
+// task never waits for a thread while one could wait for it, and an
+// executor with one task has one thread. Waking the last idle follower
+// first (a stack) leaves the others idle, so after a burst the extra
+// threads wait out `idle_exit` and leave (but the last thread); the
+// threads that left are joined by the next thread start or by Stop().
 //
 // A run is not interrupted by the executor except through the task's stop
 // token (Detach, Stop). A Wake during a run makes the task due again once
@@ -71,7 +72,7 @@ void SourceExecutor::Stop() {
       if (t->running_) t->stop_.request_stop();
     }
     changed_.SignalAll();
-    followers_.SignalAll();
+    for (Follower* f : followers_) f->cv.Signal();
     threads = std::move(threads_);
   }
   for (auto& [id, t] : threads) t.request_stop();
@@ -156,8 +157,13 @@ bool SourceExecutor::OthersWaiting(const Task* except) const {
 void SourceExecutor::EnsureWaiter() {
   if (leader_) {
     changed_.SignalAll();
-  } else if (followers_idle_ > 0) {
-    followers_.Signal();
+  } else if (starting_ > 0) {
+    // A thread on its way will look for due tasks first.
+  } else if (!followers_.empty()) {
+    Follower* f = followers_.back();
+    followers_.pop_back();
+    f->woken = true;
+    f->cv.Signal();
   } else if (live_ < options_.max_threads) {
     StartThread();
   }
@@ -167,6 +173,7 @@ void SourceExecutor::StartThread() {
   std::vector<std::jthread> retired = TakeRetired();
   const int64_t id = next_id_++;
   ++live_;
+  ++starting_;
   ++stats_.threads_started;
   threads_.emplace(id, std::jthread([this, id](std::stop_token stop) {
                      pthread_setname_np(pthread_self(), "sp-source");
@@ -232,6 +239,7 @@ void SourceExecutor::RunTask(Task* task) {
 
 void SourceExecutor::Loop(int64_t id, std::stop_token stop) {
   MutexLock l(&mu_);
+  --starting_;
   while (!stopping_) {
     absl::Time due;
     Task* task = Earliest(&due);
@@ -250,14 +258,15 @@ void SourceExecutor::Loop(int64_t id, std::stop_token stop) {
       if (stop.stop_requested()) break;
       continue;
     }
-    ++followers_idle_;
+    Follower me;
+    followers_.push_back(&me);
     const auto until = std::chrono::steady_clock::now() +
                        absl::ToChronoNanoseconds(options_.idle_exit);
-    const bool woke = followers_.WaitUntil(
-        &mu_, stop, until, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return !leader_ || stopping_;
+    const bool woke = me.cv.WaitUntil(
+        &mu_, stop, until, [this, &me]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return me.woken || stopping_;
         });
-    --followers_idle_;
+    if (!me.woken) std::erase(followers_, &me);
     if (!woke && !stopping_ && !stop.stop_requested() && live_ > 1) {
       --live_;
       ++stats_.threads_exited;

@@ -148,22 +148,30 @@ class SourceExecutor {
   Clock* const clock_;
   std::shared_ptr<spdlog::logger> logger_;
 
+  // An idle thread waiting (real time) to become the leader.
+  struct Follower {
+    CondVar cv;
+    bool woken = false;  // Guarded by mu_.
+  };
+
   mutable Mutex mu_;
   // The leader waits on it, on the clock, for the next due task; every
   // change of a due time signals it.
   CondVar changed_;
-  // Followers wait on it (real time) to become the leader.
-  CondVar followers_;
   // A running task of a detaching caller returned.
   CondVar returned_;
+  // Idle followers, the most recently idle last: the last is woken first,
+  // so the others stay idle and leave.
+  std::vector<Follower*> followers_ ABSL_GUARDED_BY(mu_);
   std::vector<Task*> tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped on every change.
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool leader_ ABSL_GUARDED_BY(mu_) = false;  // A thread waits on the clock.
-  int followers_idle_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   int live_ ABSL_GUARDED_BY(mu_) = 0;  // Threads not retired.
+  // Threads started that have not reached their loop: each will lead.
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::jthread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> retired_ ABSL_GUARDED_BY(mu_);
   SourceExecutorStats stats_ ABSL_GUARDED_BY(mu_);
