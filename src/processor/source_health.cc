@@ -269,7 +269,7 @@ std::string SourceNotReadyMessage(const SourceStatus& s, absl::Time now) {
   return out;
 }
 
-void SourceHealth::AppendJson(std::string* out) const {
+void SourceHealth::AppendJson(std::string* out, std::string_view more) const {
   const absl::Time now = clock_->Now();
   const SourceStatus s = status();
   out->append("{\"source\":");
@@ -302,6 +302,7 @@ void SourceHealth::AppendJson(std::string* out) const {
   }
   out->append(",\"last_error_age_seconds\":");
   AppendAge(out, s.last_failure, now);
+  out->append(more);
   out->push_back('}');
 }
 

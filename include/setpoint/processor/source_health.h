@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -116,8 +117,9 @@ class SourceHealth {
   // not): it never listed, or its view is not complete, with the last
   // failure and its age. See the file comment for an example.
   std::string NotReady() const;
-  // Appends a JSON object with status() to `out` (the /statusz entry).
-  void AppendJson(std::string* out) const;
+  // Appends a JSON object with status() to `out` (the /statusz entry);
+  // `more`, if not empty, is appended inside it (",\"keys\":12").
+  void AppendJson(std::string* out, std::string_view more = {}) const;
 
  private:
   void CountError(const char* op, const absl::Status& error);
