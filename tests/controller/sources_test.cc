@@ -13,13 +13,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "recording_api.h"
 #include "setpoint/base/status.h"
 #include "setpoint/controller/controller.h"
 #include "setpoint/controller/pod_sources.h"
+#include "setpoint/node/node_manager.h"
 #include "setpoint/planner/plan.h"
+#include "setpoint/registry/in_memory_node_registry.h"
+#include "setpoint/testing/await.h"
 #include "setpoint/testing/controller_harness.h"
 #include "setpoint/testing/fake_watch_world.h"
 #include "setpoint/testing/metrics_snapshot.h"
@@ -77,6 +81,15 @@ ControllerBuildFn WatchBuild(World* world, Catalog* catalog, ApiClient* client,
         {.max_in_flight = 4, .backoff = {.initial = absl::Milliseconds(10)}});
     return absl::OkStatus();
   };
+}
+
+// Writers with a fresh token for shards they own (the managers' test sets
+// every node's truth to the whole ring).
+void ExpectNoViolationButTruth(const RecordingApi& api) {
+  RecordingApi::Counts c = api.counts();
+  EXPECT_EQ(c.stale, 0);
+  EXPECT_EQ(c.unowned, 0);
+  EXPECT_EQ(c.max_running_per_key, 1);
 }
 
 void ExpectNoViolation(const RecordingApi& api) {
@@ -462,6 +475,69 @@ TEST(ControllerSourcesTest, PlanRoundsMustReadFresherStateThanTheLastRound) {
     }
     EXPECT_EQ(api.world().size(), 3u);
   }
+}
+
+// Through NodeManagers, on real threads: two pods of one program (as the
+// demo runs them) with two nodes each list the catalog once per interval
+// per pod, and converge.
+TEST(ControllerSourcesTest, ManagedPodsListOncePerIntervalEach) {
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(50, 1)) catalog.Set(k, v);
+  ApiClient client(&api);
+  std::atomic<int64_t> lists{0};
+  constexpr absl::Duration kInterval = absl::Milliseconds(50);
+  ControllerKind kind{
+      .kind = "k",
+      .count = 2,
+      .ring_size = kRing,
+      .build =
+          [&](ControllerBuilder& b) {
+            auto* seen = b.SharedPoll<std::string, int>(
+                "seen", [&](const Context& ctx) { return api.List(ctx); },
+                {.interval = kInterval});
+            auto* want = b.SharedPoll<std::string, int>(
+                "want",
+                [&](const Context&) {
+                  ++lists;
+                  return absl::StatusOr<Map>(catalog.Get());
+                },
+                {.interval = kInterval});
+            b.Sync<std::string, int, int>("sync", &client, seen, want);
+            return absl::OkStatus();
+          },
+      .options = {.logger = NullLogger()}};
+  NodeKindOptions node_kind = kind.ToNodeKind();
+  for (const char* pod : {"a", "b"}) {
+    for (int i = 0; i < 2; ++i) {
+      api.SetTruth(absl::StrCat(pod, "/k/", i), {0, kRing});
+    }
+  }
+  InMemoryNodeRegistry registry;
+  std::vector<std::unique_ptr<NodeManager>> pods;
+  for (const char* pod : {"a", "b"}) {
+    pods.push_back(std::make_unique<NodeManager>(
+        NodeManagerOptions{.pod_id = pod,
+                           .kinds = {node_kind},
+                           .registry = &registry,
+                           .poll_interval = absl::Milliseconds(20),
+                           .lease = absl::Milliseconds(500),
+                           .updater_threads = 2,
+                           .logger = NullLogger()}));
+    ASSERT_THAT(pods.back()->Start(), IsOk());
+  }
+  ASSERT_TRUE(::setpoint::testing::AwaitCondition(
+      [&] { return api.world() == catalog.Get(); }));
+  // 40 more lists take about 20 intervals (two pods), not 10 (four
+  // nodes). A loaded machine stretches intervals: fewer lists, never more.
+  const int64_t before = lists.load();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(::setpoint::testing::AwaitCondition(
+      [&] { return lists.load() - before >= 40; }));
+  const double intervals = (absl::Now() - start) / kInterval;
+  EXPECT_LE(40 / intervals, 2.5);
+  for (auto& p : pods) p->Stop();
+  ExpectNoViolationButTruth(api);
 }
 
 TEST(ControllerSourcesTest, ASharedSourceDeclaredWithOtherTypesFailsTheBuild) {
