@@ -157,12 +157,13 @@ bool SourceExecutor::OthersWaiting(const Task* except) const {
 void SourceExecutor::EnsureWaiter() {
   if (leader_) {
     changed_.SignalAll();
-  } else if (starting_ > 0) {
+  } else if (pending_ > 0) {
     // A thread on its way will look for due tasks first.
   } else if (!followers_.empty()) {
     Follower* f = followers_.back();
     followers_.pop_back();
     f->woken = true;
+    ++pending_;
     f->cv.Signal();
   } else if (live_ < options_.max_threads) {
     StartThread();
@@ -173,7 +174,7 @@ void SourceExecutor::StartThread() {
   std::vector<std::jthread> retired = TakeRetired();
   const int64_t id = next_id_++;
   ++live_;
-  ++starting_;
+  ++pending_;
   ++stats_.threads_started;
   threads_.emplace(id, std::jthread([this, id](std::stop_token stop) {
                      pthread_setname_np(pthread_self(), "sp-source");
@@ -239,7 +240,7 @@ void SourceExecutor::RunTask(Task* task) {
 
 void SourceExecutor::Loop(int64_t id, std::stop_token stop) {
   MutexLock l(&mu_);
-  --starting_;
+  --pending_;
   while (!stopping_) {
     absl::Time due;
     Task* task = Earliest(&due);
@@ -266,7 +267,11 @@ void SourceExecutor::Loop(int64_t id, std::stop_token stop) {
         &mu_, stop, until, [this, &me]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return me.woken || stopping_;
         });
-    if (!me.woken) std::erase(followers_, &me);
+    if (me.woken) {
+      --pending_;
+    } else {
+      std::erase(followers_, &me);
+    }
     if (!woke && !stopping_ && !stop.stop_requested() && live_ > 1) {
       --live_;
       ++stats_.threads_exited;

@@ -170,8 +170,9 @@ class SourceExecutor {
   bool leader_ ABSL_GUARDED_BY(mu_) = false;  // A thread waits on the clock.
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   int live_ ABSL_GUARDED_BY(mu_) = 0;  // Threads not retired.
-  // Threads started that have not reached their loop: each will lead.
-  int starting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads on their way to look for due tasks (started and not in their
+  // loop yet, or followers woken and not awake yet): no other is needed.
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::jthread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> retired_ ABSL_GUARDED_BY(mu_);
   SourceExecutorStats stats_ ABSL_GUARDED_BY(mu_);
