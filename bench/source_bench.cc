@@ -135,8 +135,8 @@ void BM_WatchEventToStore(benchmark::State& state) {
         }
         std::this_thread::yield();
       }
-      const SteadyClock::time_point at(SteadyClock::duration(
-          seen_at.load(std::memory_order_relaxed)));
+      const SteadyClock::time_point at(
+          SteadyClock::duration(seen_at.load(std::memory_order_relaxed)));
       latencies.push_back(Micros(at - sent));
     }
     state.SetIterationTime(
@@ -223,8 +223,9 @@ void BM_SharedPollFanout(benchmark::State& state) {
     state.counters["nodes_in_sync"] = in_sync.load();
     pod.Stop();
     if (shared && made > intervals + 1) {
-      return state.SkipWithError("a shared source listed more than once per "
-                                 "interval");
+      return state.SkipWithError(
+          "a shared source listed more than once per "
+          "interval");
     }
   }
 }
@@ -237,8 +238,8 @@ void BM_RelistAfterExpiry(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     testing::SimulatedClock clock;
-    Runner runner({.name = "bench", .clock = &clock,
-                   .logger = testing::NullLogger()});
+    Runner runner(
+        {.name = "bench", .clock = &clock, .logger = testing::NullLogger()});
     IntStore store({.name = "seen", .logger = testing::NullLogger()});
     World world;
     {
@@ -287,7 +288,8 @@ void BM_RelistAfterExpiry(benchmark::State& state) {
     deletes = sets = 0;
     {
       std::vector<std::pair<std::string, int>> changed;
-      for (int64_t i = churn; i < 2 * churn; ++i) changed.emplace_back(Key(i), 1);
+      for (int64_t i = churn; i < 2 * churn; ++i)
+        changed.emplace_back(Key(i), 1);
       for (int64_t i = items; i < items + churn; ++i) {
         changed.emplace_back(Key(i), 0);
       }
@@ -318,7 +320,8 @@ void BM_RelistAfterExpiry(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * items);
 }
 
-// --- BM_SourceThreads ---------------------------------------------------------
+// --- BM_SourceThreads
+// ---------------------------------------------------------
 
 enum class SourceKind { kPoll, kWatch, kShared };
 
@@ -414,9 +417,10 @@ void RegisterAll() {
        {std::pair{"BM_SourceThreads/kind:poll", SourceKind::kPoll},
         std::pair{"BM_SourceThreads/kind:watch", SourceKind::kWatch},
         std::pair{"BM_SourceThreads/kind:shared", SourceKind::kShared}}) {
-    benchmark::RegisterBenchmark(name, [kind = kind](benchmark::State& s) {
-      BM_SourceThreads(s, kind);
-    })->UseManualTime()->Iterations(1);
+    benchmark::RegisterBenchmark(
+        name, [kind = kind](benchmark::State& s) { BM_SourceThreads(s, kind); })
+        ->UseManualTime()
+        ->Iterations(1);
   }
 }
 

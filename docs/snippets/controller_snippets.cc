@@ -148,7 +148,7 @@ world.Disconnect();     // open streams break: the source resumes from its token
 world.Compact();        // older tokens expire: the source lists again
 world.ExpireStreams();  // ...also under an open stream
 world.Bookmark();       // a quiet stream's token moves on
-  // clang-format on
+                     // clang-format on
 }
 
 }  // namespace controller_snippets

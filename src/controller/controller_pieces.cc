@@ -9,7 +9,6 @@
 
 namespace setpoint::internal {
 
-
 ControllerRun::ControllerRun(const NodeInfo& node,
                              const ControllerOptions& opts,
                              ControllerBoard* status_board)
@@ -29,13 +28,12 @@ std::string PodOf(const std::string& node_id) {
   return node_id.substr(0, node_id.find('/'));
 }
 
-void PublishSource(const SourceHealth& health, bool store_in_sync,
-                   size_t keys, std::string* json,
-                   std::vector<std::string>* not_ready) {
+void PublishSource(const SourceHealth& health, bool store_in_sync, size_t keys,
+                   std::string* json, std::vector<std::string>* not_ready) {
   if (!json->empty()) json->push_back(',');
-  health.AppendJson(json, absl::StrCat(",\"keys\":", keys,
-                                       ",\"store_in_sync\":",
-                                       store_in_sync ? "true" : "false"));
+  health.AppendJson(json,
+                    absl::StrCat(",\"keys\":", keys, ",\"store_in_sync\":",
+                                 store_in_sync ? "true" : "false"));
   if (store_in_sync) return;
   std::string why = health.NotReady();
   if (why.empty()) {

@@ -21,11 +21,11 @@ PodSources::~PodSources() {
 absl::StatusOr<SourceExecutor*> PodSources::Executor() {
   MutexLock l(&mu_);
   if (executor_ == nullptr && executor_status_.ok()) {
-    executor_ = std::make_unique<SourceExecutor>(SourceExecutorOptions{
-        .name = options_.name,
-        .max_threads = options_.max_threads,
-        .clock = options_.clock,
-        .logger = options_.logger});
+    executor_ = std::make_unique<SourceExecutor>(
+        SourceExecutorOptions{.name = options_.name,
+                              .max_threads = options_.max_threads,
+                              .clock = options_.clock,
+                              .logger = options_.logger});
     executor_status_ = Annotate(executor_->Start(), "pod sources");
   }
   if (!executor_status_.ok()) return executor_status_;

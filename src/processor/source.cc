@@ -12,9 +12,9 @@ absl::Status ValidateCommon(const std::string& what, const std::string& name,
         absl::StrCat("start ", what, " ", name, ": ", field, " ", why));
   };
   if (list_timeout < absl::ZeroDuration()) {
-    return invalid("list_timeout",
-                   absl::StrCat("must be >= 0, got ",
-                                absl::FormatDuration(list_timeout)));
+    return invalid(
+        "list_timeout",
+        absl::StrCat("must be >= 0, got ", absl::FormatDuration(list_timeout)));
   }
   if (lose_sync_after < 1) {
     return invalid("lose_sync_after",

@@ -47,9 +47,10 @@ absl::Status SourceExecutor::Start() {
                      ": max_threads must be >= 1, got ", options_.max_threads));
   }
   if (options_.idle_exit <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start source executor ", options_.name, ": idle_exit must be > 0, got ",
-        absl::FormatDuration(options_.idle_exit)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("start source executor ", options_.name,
+                     ": idle_exit must be > 0, got ",
+                     absl::FormatDuration(options_.idle_exit)));
   }
   MutexLock l(&mu_);
   if (started_ || stopping_) {

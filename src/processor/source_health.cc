@@ -11,8 +11,7 @@ namespace {
 
 constexpr const char* kRelistReasons[] = {"expired", "range", "fresh",
                                           "lost_sync"};
-constexpr const char* kReconnectReasons[] = {"error", "idle_timeout",
-                                             "closed"};
+constexpr const char* kReconnectReasons[] = {"error", "idle_timeout", "closed"};
 
 int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
@@ -29,8 +28,8 @@ void AppendTime(std::string* out, absl::Time t) {
     out->append("null");
     return;
   }
-  AppendJsonString(out,
-                   absl::FormatTime(absl::RFC3339_full, t, absl::UTCTimeZone()));
+  AppendJsonString(
+      out, absl::FormatTime(absl::RFC3339_full, t, absl::UTCTimeZone()));
 }
 
 void AppendAge(std::string* out, absl::Time t, absl::Time now) {
@@ -83,8 +82,8 @@ SourceHealth::SourceHealth(SourceHealthOptions options)
   bookmarks_ = &m->GetCounter("setpoint_source_watch_events_total",
                               "Watch events received, by type.",
                               WithLabels(l, {{"type", "bookmark"}}));
-  items_ = &m->GetGauge("setpoint_source_items", "Keys in the source's cache.",
-                        l);
+  items_ =
+      &m->GetGauge("setpoint_source_items", "Keys in the source's cache.", l);
   in_sync_ = &m->GetGauge("setpoint_source_in_sync",
                           "1 when the source's view is complete.", l);
   collector_ = m->AddCollector([this, l](MetricWriter& w) {
@@ -161,8 +160,7 @@ void SourceHealth::WatchOpened() {
   ++status_.watch_opens;
 }
 
-void SourceHealth::WatchActivity(int64_t sets, int64_t deletes,
-                                 bool bookmark) {
+void SourceHealth::WatchActivity(int64_t sets, int64_t deletes, bool bookmark) {
   const absl::Time now = clock_->Now();
   {
     MutexLock l(&mu_);
@@ -224,12 +222,12 @@ void SourceHealth::SetView(bool in_sync, int64_t items) {
 void SourceHealth::CountError(const char* op, const absl::Status& error) {
   if (options_.metrics == nullptr) return;
   options_.metrics
-      ->GetCounter("setpoint_source_errors_total",
-                   "Failed lists and watches, by operation and status code.",
-                   WithLabels(options_.labels,
-                              {{"op", op},
-                               {"code", absl::StatusCodeToString(
-                                            error.code())}}))
+      ->GetCounter(
+          "setpoint_source_errors_total",
+          "Failed lists and watches, by operation and status code.",
+          WithLabels(
+              options_.labels,
+              {{"op", op}, {"code", absl::StatusCodeToString(error.code())}}))
       .Increment();
 }
 
@@ -250,11 +248,11 @@ std::string SourceNotReadyMessage(const SourceStatus& s, absl::Time now) {
       s.consecutive_failures > 0 && s.last_failure != absl::InfinitePast();
   out.append(listed ? ": not in sync" : " has not listed yet");
   if (failing) {
-    absl::StrAppend(&out, ": last ", s.last_failure_op, " failed ",
-                    Age(now - s.last_failure), " ago: ",
-                    s.last_error.ToString(), " (", s.consecutive_failures,
-                    s.consecutive_failures == 1 ? " failure" : " failures",
-                    " in a row");
+    absl::StrAppend(
+        &out, ": last ", s.last_failure_op, " failed ",
+        Age(now - s.last_failure), " ago: ", s.last_error.ToString(), " (",
+        s.consecutive_failures,
+        s.consecutive_failures == 1 ? " failure" : " failures", " in a row");
     if (listed) {
       absl::StrAppend(&out, "; last success ", Age(now - s.last_success),
                       " ago");

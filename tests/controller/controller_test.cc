@@ -108,7 +108,6 @@ ControllerBuildFn WantOnlyBuild(
   };
 }
 
-
 // --- One node on the test's thread ------------------------------------
 
 TEST(ControllerTest, NodeNeverGrantedAnythingMakesNoCallsAndNoPlanSteps) {

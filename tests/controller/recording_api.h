@@ -232,7 +232,6 @@ inline Map Keys(int n, int value) {
   return m;
 }
 
-
 inline NodeInfo Node(const std::string& id, uint32_t ring = kRing) {
   return NodeInfo{.id = id, .kind = "k", .index = 0, .ring_size = ring};
 }

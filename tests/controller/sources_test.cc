@@ -34,6 +34,13 @@
 namespace setpoint {
 namespace {
 
+using controller_test::ApiClient;
+using controller_test::Catalog;
+using controller_test::Keys;
+using controller_test::kRing;
+using controller_test::Map;
+using controller_test::Node;
+using controller_test::RecordingApi;
 using ::setpoint::testing::ControllerHarness;
 using ::setpoint::testing::IsOk;
 using ::setpoint::testing::MetricsSnapshot;
@@ -45,13 +52,6 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
-using controller_test::ApiClient;
-using controller_test::Catalog;
-using controller_test::Keys;
-using controller_test::kRing;
-using controller_test::Map;
-using controller_test::Node;
-using controller_test::RecordingApi;
 using World = ::setpoint::testing::FakeWatchWorld<std::string, int>;
 
 // "seen": the API's records, watched through the world the API mirrors its
@@ -108,10 +108,9 @@ TEST(ControllerSourcesTest, WatchedNodeConvergesThroughDisconnectsAndExpiry) {
   Catalog catalog;
   for (auto& [k, v] : Keys(40, 1)) catalog.Set(k, v);
   ApiClient client(&api);
-  ControllerHarness h(WatchBuild(&world, &catalog, &client, /*shared=*/false),
-                      {.clock = &clock,
-                       .node = Node("p/k/0"),
-                       .logger = NullLogger()});
+  ControllerHarness h(
+      WatchBuild(&world, &catalog, &client, /*shared=*/false),
+      {.clock = &clock, .node = Node("p/k/0"), .logger = NullLogger()});
   ASSERT_THAT(h.Start(), IsOk());
   api.SetTruth("p/k/0", {0, kRing});
   ASSERT_THAT(h.Assign({0, kRing}, 1), IsOk());
@@ -148,7 +147,8 @@ TEST(ControllerSourcesTest, WatchedNodeConvergesThroughDisconnectsAndExpiry) {
 // another pod; 500 random moves of the range boundaries, each a shrink
 // (which must have stopped every call outside the smaller range when it
 // returns) and then a grow with a newer token.
-TEST(ControllerSourcesTest, SharedSourcesAcrossHandoffsNeverLetAnOldOwnerWrite) {
+TEST(ControllerSourcesTest,
+     SharedSourcesAcrossHandoffsNeverLetAnOldOwnerWrite) {
   SimulatedClock clock;
   RecordingApi api;
   World world;
@@ -209,10 +209,10 @@ TEST(ControllerSourcesTest, SharedSourcesAcrossHandoffsNeverLetAnOldOwnerWrite) 
     const bool left_shrinks = x < bound[b];
     const size_t shrink = left_shrinks ? b - 1 : b;
     const size_t grow = left_shrinks ? b : b - 1;
-    const ShardRange smaller = left_shrinks ? ShardRange{lo, x}
-                                            : ShardRange{x, hi};
-    const ShardRange larger = left_shrinks ? ShardRange{x, hi}
-                                           : ShardRange{lo, x};
+    const ShardRange smaller =
+        left_shrinks ? ShardRange{lo, x} : ShardRange{x, hi};
+    const ShardRange larger =
+        left_shrinks ? ShardRange{x, hi} : ShardRange{lo, x};
     ASSERT_THAT(nodes[shrink]->controller().UpdateShardRange(
                     Context::Background(&clock), {smaller, tokens[shrink]}),
                 IsOk());
@@ -399,9 +399,10 @@ TEST(ControllerSourcesTest, ReadinessAndStatusSayWhatIsWrongWithASourceNow) {
   EXPECT_GE(snap.Value("setpoint_source_lists_total",
                        WithLabels(seen, {{"result", "error"}})),
             3);
-  EXPECT_GE(snap.Value("setpoint_source_errors_total",
-                       WithLabels(seen, {{"op", "list"}, {"code", "UNAVAILABLE"}})),
-            3);
+  EXPECT_GE(
+      snap.Value("setpoint_source_errors_total",
+                 WithLabels(seen, {{"op", "list"}, {"code", "UNAVAILABLE"}})),
+      3);
   EXPECT_EQ(snap.Value("setpoint_source_in_sync", seen), 0);
   EXPECT_GE(snap.Value("setpoint_source_last_success_age_seconds", seen), 9);
   // The shared source is the pod's: labelled pod=, not node=.
@@ -434,25 +435,25 @@ TEST(ControllerSourcesTest, PlanRoundsMustReadFresherStateThanTheLastRound) {
           {.interval = absl::Hours(1)});
       SourceReader<std::string, int> reader = b.Reader(zone);
       b.Reconcile(
-          MakePlan("records",
-                   [&, reader](const Context& ctx)
-                       -> absl::StatusOr<Procedures> {
-                     if (fresh) SETPOINT_RETURN_IF_ERROR(reader.AwaitFresh(ctx));
-                     SETPOINT_ASSIGN_OR_RETURN(Map now, reader.Snapshot());
-                     Procedures todo;
-                     for (const std::string& k : want) {
-                       if (now.contains(k)) continue;
-                       todo.push_back(MakeProcedure(
-                           "create " + k,
-                           [&, k](const Context& step)
-                               -> absl::StatusOr<Procedures> {
-                             SETPOINT_RETURN_IF_ERROR(api.Write(step, k, 1));
-                             ++serial;  // The zone's serial, bumped per write.
-                             return Procedures{};
-                           }));
-                     }
-                     return todo;
-                   }),
+          MakePlan(
+              "records",
+              [&, reader](const Context& ctx) -> absl::StatusOr<Procedures> {
+                if (fresh) SETPOINT_RETURN_IF_ERROR(reader.AwaitFresh(ctx));
+                SETPOINT_ASSIGN_OR_RETURN(Map now, reader.Snapshot());
+                Procedures todo;
+                for (const std::string& k : want) {
+                  if (now.contains(k)) continue;
+                  todo.push_back(MakeProcedure(
+                      "create " + k,
+                      [&,
+                       k](const Context& step) -> absl::StatusOr<Procedures> {
+                        SETPOINT_RETURN_IF_ERROR(api.Write(step, k, 1));
+                        ++serial;  // The zone's serial, bumped per write.
+                        return Procedures{};
+                      }));
+                }
+                return todo;
+              }),
           {.interval = absl::Hours(1),
            .on_report = [&](const ExecutionReport& r) { report = r; }});
       return absl::OkStatus();
@@ -544,9 +545,8 @@ TEST(ControllerSourcesTest, ASharedSourceDeclaredWithOtherTypesFailsTheBuild) {
   SimulatedClock clock;
   auto pod = std::make_shared<PodSources>();
   auto ints = [](ControllerBuilder& b) {
-    b.SharedPoll<std::string, int>("seen", [](const Context&) {
-      return absl::StatusOr<Map>(Map{});
-    });
+    b.SharedPoll<std::string, int>(
+        "seen", [](const Context&) { return absl::StatusOr<Map>(Map{}); });
     return absl::OkStatus();
   };
   auto strings = [](ControllerBuilder& b) {

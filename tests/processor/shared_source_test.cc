@@ -86,8 +86,8 @@ class SharedPollTest : public ::testing::Test {
          .manual = true});
     for (char c : {'a', 'b', 'c'}) {
       nodes_.push_back(std::make_unique<Node>(&clock_, std::string(1, c)));
-      subs_.push_back(source_->Subscribe(&nodes_.back()->runner,
-                                         &nodes_.back()->store));
+      subs_.push_back(
+          source_->Subscribe(&nodes_.back()->runner, &nodes_.back()->store));
     }
   }
   void Drive() {
@@ -145,8 +145,8 @@ TEST_F(SharedPollTest, RescopeDeliversEnteringKeysFromTheCacheWithNoList) {
   EXPECT_EQ(lists_, 1);
   // Node a holds nothing now, and has observed all of that.
   std::vector<std::string> a = nodes_[0]->TakeLog();
-  EXPECT_THAT(a, UnorderedElementsAre("lost", "forget a1", "forget a2",
-                                      "synced"));
+  EXPECT_THAT(a,
+              UnorderedElementsAre("lost", "forget a1", "forget a2", "synced"));
   EXPECT_EQ(a.front(), "lost");
   EXPECT_EQ(a.back(), "synced");
   EXPECT_EQ(nodes_[0]->store.size(), 0u);
@@ -220,13 +220,15 @@ TEST(SharedWatchTest, EventsAndTombstonesFanOutToEachStoresPart) {
   SimulatedClock clock;
   FakeWatchWorld<std::string, int> world;
   for (const char* k : {"a1", "a2", "b1", "b2"}) world.Set(k, 1);
-  auto source = Shared::Watch(
-      [&](const Context& ctx) { return world.List(ctx); },
-      [&](const Context& ctx, const std::string& t) {
-        return world.Watch(ctx, t);
-      },
-      {.name = "zone", .clock = &clock, .logger = NullLogger(),
-       .manual = true});
+  auto source =
+      Shared::Watch([&](const Context& ctx) { return world.List(ctx); },
+                    [&](const Context& ctx, const std::string& t) {
+                      return world.Watch(ctx, t);
+                    },
+                    {.name = "zone",
+                     .clock = &clock,
+                     .logger = NullLogger(),
+                     .manual = true});
   Node a(&clock, "a"), b(&clock, "b");
   auto sa = source->Subscribe(&a.runner, &a.store);
   auto sb = source->Subscribe(&b.runner, &b.store);
@@ -286,9 +288,8 @@ class CountingTask : public SourceExecutor::Task {
     ++runs_;
     MutexLock l(&mu_);
     inside_ = true;
-    cv_.Wait(&mu_, stop, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return !hold_;
-    });
+    cv_.Wait(&mu_, stop,
+             [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !hold_; });
     inside_ = false;
     if (stop.stop_requested()) saw_stop_ = true;
     return Clock::Real()->Now() + every_;

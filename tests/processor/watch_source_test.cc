@@ -101,9 +101,7 @@ class WatchSourceTest : public ::testing::Test {
   }
   absl::Time Next() { return source_->NextWakeTime(); }
   std::vector<std::string> TakeLog() { return std::exchange(log_, {}); }
-  std::vector<std::string> WatchedFrom() {
-    return world_.stats().watched_from;
-  }
+  std::vector<std::string> WatchedFrom() { return world_.stats().watched_from; }
 
   SimulatedClock clock_;
   World world_;
@@ -182,8 +180,8 @@ TEST_F(WatchSourceTest, ExpiryRelistsAndDeletesExactlyWhatIsGone) {
   world_.Compact();
   Drive();
   // One list: only b is deleted, only c and e set; a and d untouched.
-  EXPECT_THAT(TakeLog(),
-              UnorderedElementsAre("delete b 1->_", "set c 1->2", "set e _->1"));
+  EXPECT_THAT(TakeLog(), UnorderedElementsAre("delete b 1->_", "set c 1->2",
+                                              "set e _->1"));
   EXPECT_EQ(store_.stats().deletes, 1);
   SourceStatus s = source_->status();
   EXPECT_EQ(s.lists, 2);
@@ -202,8 +200,8 @@ TEST_F(WatchSourceTest, ExpiryRelistsAndDeletesExactlyWhatIsGone) {
   EXPECT_THAT(TakeLog(), ElementsAre("delete a 1->_"));
   EXPECT_EQ(source_->status().lists, 3);
   EXPECT_EQ(source_->status().expiries, 2);
-  EXPECT_THAT(store_.items(), UnorderedElementsAre(Pair("c", 2), Pair("d", 1),
-                                                   Pair("e", 1)));
+  EXPECT_THAT(store_.items(),
+              UnorderedElementsAre(Pair("c", 2), Pair("d", 1), Pair("e", 1)));
 }
 
 TEST_F(WatchSourceTest, BookmarksMoveTheTokenAndKeepAQuietStreamAlive) {
@@ -308,10 +306,10 @@ TEST_F(WatchSourceTest, FailuresInARowLoseSyncAndAListBringsItBack) {
   TakeLog();
   world_.Disconnect();
   world_.FailWatches(absl::UnavailableError("refused"), 5);
-  Drive();               // 1: the stream broke.
-  AdvanceTo(Next());     // 2: the open failed.
+  Drive();            // 1: the stream broke.
+  AdvanceTo(Next());  // 2: the open failed.
   EXPECT_TRUE(store_.InSync());
-  AdvanceTo(Next());     // 3: lost; the next attempt lists.
+  AdvanceTo(Next());  // 3: lost; the next attempt lists.
   EXPECT_FALSE(store_.InSync());
   EXPECT_THAT(TakeLog(), ElementsAre("lost"));
   EXPECT_THAT(source_->health().NotReady(),
@@ -435,9 +433,10 @@ TEST_F(WatchSourceTest, PublishesItsSeries) {
   EXPECT_EQ(snap.Value("setpoint_source_watch_events_total",
                        WithLabels(l, {{"type", "bookmark"}})),
             1);
-  EXPECT_EQ(snap.Value("setpoint_source_errors_total",
-                       WithLabels(l, {{"op", "watch"}, {"code", "UNAVAILABLE"}})),
-            1);
+  EXPECT_EQ(
+      snap.Value("setpoint_source_errors_total",
+                 WithLabels(l, {{"op", "watch"}, {"code", "UNAVAILABLE"}})),
+      1);
   EXPECT_EQ(snap.Value("setpoint_source_watch_reconnects_total",
                        WithLabels(l, {{"reason", "error"}})),
             1);

@@ -186,9 +186,9 @@ class ControllerBuilder {
                            WatchSourceOptions<V> options = {}) {
     auto equal = options.equal;
     auto hold = Acquire<K, V>(name, [&] {
-      return SharedSource<K, V>::Watch(WatchListFn<K, V>(std::move(list)),
-                                       WatchFn<K, V>(std::move(watch)),
-                                       SharedDefaults(name, std::move(options)));
+      return SharedSource<K, V>::Watch(
+          WatchListFn<K, V>(std::move(list)), WatchFn<K, V>(std::move(watch)),
+          SharedDefaults(name, std::move(options)));
     });
     return AddShared<K, V>(std::move(name), std::move(hold), std::move(equal));
   }

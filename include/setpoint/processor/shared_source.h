@@ -110,8 +110,7 @@ class SharedSource {
   // Feeds `store` (on `runner`) with the keys its filter selects; its
   // Rescope(filter) re-scopes it from the cache.
   std::unique_ptr<Subscription> Subscribe(Runner* runner, Store<K, V>* store) {
-    return std::unique_ptr<Subscription>(
-        new Subscription(this, runner, store));
+    return std::unique_ptr<Subscription>(new Subscription(this, runner, store));
   }
 
   // Every key the source holds. Any thread.

@@ -445,24 +445,23 @@ namespace source_internal {
 template <class K, class V>
 PollDriver<K, V>::PollDriver(ListFn list, PollingSourceOptions<V> options,
                              bool filtered, bool shared)
-    : CachedDriver<K, V>(
-          SourceDriverOptions{.name = options.name,
-                              .clock = options.clock,
-                              .executor = options.executor,
-                              .manual = options.manual,
-                              .logger = options.logger},
-          SourceCacheOptions<V>{.name = options.name,
-                                .filtered = filtered,
-                                .equal = options.equal,
-                                .logger = options.logger},
-          SourceHealthOptions{
-              .name = options.name,
-              .type = "poll",
-              .shared = shared,
-              .clock = options.clock,
-              .metrics = options.metrics,
-              .labels = WithLabels(options.metric_labels,
-                                   {{"source", options.name}})}),
+    : CachedDriver<K, V>(SourceDriverOptions{.name = options.name,
+                                             .clock = options.clock,
+                                             .executor = options.executor,
+                                             .manual = options.manual,
+                                             .logger = options.logger},
+                         SourceCacheOptions<V>{.name = options.name,
+                                               .filtered = filtered,
+                                               .equal = options.equal,
+                                               .logger = options.logger},
+                         SourceHealthOptions{
+                             .name = options.name,
+                             .type = "poll",
+                             .shared = shared,
+                             .clock = options.clock,
+                             .metrics = options.metrics,
+                             .labels = WithLabels(options.metric_labels,
+                                                  {{"source", options.name}})}),
       list_(std::move(list)),
       options_(std::move(options)),
       jitter_(std::random_device{}()) {}
@@ -470,10 +469,9 @@ PollDriver<K, V>::PollDriver(ListFn list, PollingSourceOptions<V> options,
 template <class K, class V>
 absl::Status PollDriver<K, V>::Validate() const {
   if (options_.interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("start polling source ", options_.name,
-                     ": interval must be > 0, got ",
-                     absl::FormatDuration(options_.interval)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start polling source ", options_.name, ": interval must be > 0, got ",
+        absl::FormatDuration(options_.interval)));
   }
   return ValidateCommon("polling source", options_.name, options_.list_timeout,
                         options_.lose_sync_after, options_.backoff);
@@ -521,9 +519,9 @@ typename SourceDriver::StepResult PollDriver<K, V>::Step(const Context& ctx) {
   if (!listed.ok()) {
     this->health_.ListFailed(listed.status(), ended - began);
     const int64_t failures = this->health_.status().consecutive_failures;
-    const absl::Duration wait = BackoffDelay(
-        options_.backoff, static_cast<int>(failures - 1),
-        std::uniform_real_distribution<double>(0, 1)(jitter_));
+    const absl::Duration wait =
+        BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
+                     std::uniform_real_distribution<double>(0, 1)(jitter_));
     SPDLOG_LOGGER_WARN(this->logger(),
                        "list failed source={} failures={} retry_in={}: {}",
                        options_.name, failures, wait, listed.status());

@@ -192,9 +192,8 @@ bool SourceCache<K, V>::Rescope(int64_t id, KeyFilter<K> filter,
     sub.primed = false;
     if (options_.filtered) {
       if (sub.filter) {
-        absl::erase_if(items_, [&sub](const auto& kv) {
-          return !sub.filter(kv.first);
-        });
+        absl::erase_if(
+            items_, [&sub](const auto& kv) { return !sub.filter(kv.first); });
       }
       ++epoch_;
       awaiting_list_ = true;

@@ -61,7 +61,7 @@ struct SourceStatus {
   // Lists made again because a watch expired, the range changed, or a
   // reader asked for fresh state (SourceRelist).
   int64_t relists = 0;
-  int64_t watch_opens = 0;  // Streams opened.
+  int64_t watch_opens = 0;   // Streams opened.
   int64_t watch_events = 0;  // Sets and deletes received.
   int64_t bookmarks = 0;
   int64_t watch_failures = 0;  // Opens and streams that failed, idle timeouts.

@@ -92,7 +92,8 @@ class WatchStream {
 
 // kOutOfRange, the code that tells a watch source its token expired.
 inline absl::Status WatchExpiredError(std::string_view message) {
-  return absl::OutOfRangeError(absl::string_view(message.data(), message.size()));
+  return absl::OutOfRangeError(
+      absl::string_view(message.data(), message.size()));
 }
 inline bool IsWatchExpired(const absl::Status& status) {
   return status.code() == absl::StatusCode::kOutOfRange;

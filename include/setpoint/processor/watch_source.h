@@ -144,8 +144,9 @@ using WatchListFn =
 // The user's watch: a stream of the changes after `token`. `ctx` is for
 // this call (list_timeout); each Next gets a context of its own.
 template <class K, class V>
-using WatchFn = absl::AnyInvocable<absl::StatusOr<
-    std::unique_ptr<WatchStream<K, V>>>(const Context&, const std::string&)>;
+using WatchFn =
+    absl::AnyInvocable<absl::StatusOr<std::unique_ptr<WatchStream<K, V>>>(
+        const Context&, const std::string&)>;
 
 namespace source_internal {
 
@@ -279,24 +280,23 @@ template <class K, class V>
 WatchDriver<K, V>::WatchDriver(WatchListFn<K, V> list, WatchFn<K, V> watch,
                                WatchSourceOptions<V> options, bool filtered,
                                bool shared)
-    : CachedDriver<K, V>(
-          SourceDriverOptions{.name = options.name,
-                              .clock = options.clock,
-                              .executor = options.executor,
-                              .manual = options.manual,
-                              .logger = options.logger},
-          SourceCacheOptions<V>{.name = options.name,
-                                .filtered = filtered,
-                                .equal = options.equal,
-                                .logger = options.logger},
-          SourceHealthOptions{
-              .name = options.name,
-              .type = "watch",
-              .shared = shared,
-              .clock = options.clock,
-              .metrics = options.metrics,
-              .labels = WithLabels(options.metric_labels,
-                                   {{"source", options.name}})}),
+    : CachedDriver<K, V>(SourceDriverOptions{.name = options.name,
+                                             .clock = options.clock,
+                                             .executor = options.executor,
+                                             .manual = options.manual,
+                                             .logger = options.logger},
+                         SourceCacheOptions<V>{.name = options.name,
+                                               .filtered = filtered,
+                                               .equal = options.equal,
+                                               .logger = options.logger},
+                         SourceHealthOptions{
+                             .name = options.name,
+                             .type = "watch",
+                             .shared = shared,
+                             .clock = options.clock,
+                             .metrics = options.metrics,
+                             .labels = WithLabels(options.metric_labels,
+                                                  {{"source", options.name}})}),
       list_(std::move(list)),
       watch_(std::move(watch)),
       options_(std::move(options)),
@@ -415,11 +415,10 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::List(
   if (!listed.ok()) {
     this->health_.ListFailed(listed.status(), ended - began);
     const absl::Duration wait = Fail();
-    SPDLOG_LOGGER_WARN(this->logger(),
-                       "list failed source={} failures={} retry_in={}: {}",
-                       options_.name,
-                       this->health_.status().consecutive_failures, wait,
-                       listed.status());
+    SPDLOG_LOGGER_WARN(
+        this->logger(), "list failed source={} failures={} retry_in={}: {}",
+        options_.name, this->health_.status().consecutive_failures, wait,
+        listed.status());
     this->ListEnded(seq, listed.status(), false);
     return {ended + wait, true};
   }
@@ -441,7 +440,8 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::List(
   token_ = std::move(token);
   this->health_.SetToken(token_);
   phase_ = Phase::kOpen;
-  SPDLOG_LOGGER_DEBUG(this->logger(), "source listed source={} keys={} "
+  SPDLOG_LOGGER_DEBUG(this->logger(),
+                      "source listed source={} keys={} "
                       "changes={} token={}",
                       options_.name, this->cache_.size(), *changes, token_);
   if (!was_in_sync) {
@@ -499,11 +499,10 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::Open(
     }
     this->health_.WatchFailed(status, WatchReconnect::kError);
     const absl::Duration wait = Fail();
-    SPDLOG_LOGGER_WARN(this->logger(),
-                       "watch failed source={} failures={} retry_in={}: {}",
-                       options_.name,
-                       this->health_.status().consecutive_failures, wait,
-                       status);
+    SPDLOG_LOGGER_WARN(
+        this->logger(), "watch failed source={} failures={} retry_in={}: {}",
+        options_.name, this->health_.status().consecutive_failures, wait,
+        status);
     return {now + wait, true};
   }
   stream_ = *std::move(opened);
@@ -555,8 +554,7 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::Next(
         wait, status);
     return {now + wait, true};
   }
-  WatchBatch<K, V> batch =
-      got.ok() ? *std::move(got) : WatchBatch<K, V>{};
+  WatchBatch<K, V> batch = got.ok() ? *std::move(got) : WatchBatch<K, V>{};
   int64_t sets = 0;
   for (const WatchEvent<K, V>& e : batch.events) {
     if (e.value.has_value()) ++sets;
@@ -588,10 +586,9 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::Next(
   if (!activity && now >= idle_at) {
     CloseStream();
     phase_ = Phase::kOpen;
-    const absl::Status idle = absl::DeadlineExceededError(
-        absl::StrCat("watch idle for ",
-                     absl::FormatDuration(options_.idle_timeout),
-                     " (no event, no bookmark)"));
+    const absl::Status idle = absl::DeadlineExceededError(absl::StrCat(
+        "watch idle for ", absl::FormatDuration(options_.idle_timeout),
+        " (no event, no bookmark)"));
     this->health_.WatchFailed(idle, WatchReconnect::kIdle);
     const absl::Duration wait = Fail();
     SPDLOG_LOGGER_WARN(this->logger(),

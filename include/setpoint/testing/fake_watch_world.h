@@ -290,8 +290,8 @@ absl::StatusOr<std::unique_ptr<WatchStream<K, V>>> FakeWatchWorld<K, V>::Watch(
         absl::StrCat("watch: bad token \"", token, "\""));
   }
   if (from < compacted_) {
-    return WatchExpiredError(absl::StrCat("watch from ", from,
-                                          ": compacted at ", compacted_));
+    return WatchExpiredError(
+        absl::StrCat("watch from ", from, ": compacted at ", compacted_));
   }
   auto cursor = std::make_shared<Cursor>();
   cursor->position = from;
@@ -328,13 +328,12 @@ absl::StatusOr<WatchBatch<K, V>> FakeWatchWorld<K, V>::Next(
     return absl::UnavailableError("watch: connection reset");
   }
   if (c->expired || c->position < compacted_) {
-    return WatchExpiredError(absl::StrCat("watch at ", c->position,
-                                          ": compacted at ", compacted_));
+    return WatchExpiredError(
+        absl::StrCat("watch at ", c->position, ": compacted at ", compacted_));
   }
   if (c->closed) {
     c->closed = false;
-    return WatchBatch<K, V>{.token = absl::StrCat(c->position),
-                            .closed = true};
+    return WatchBatch<K, V>{.token = absl::StrCat(c->position), .closed = true};
   }
   if (silent_) return WatchBatch<K, V>{};
   WatchBatch<K, V> batch;

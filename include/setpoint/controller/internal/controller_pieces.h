@@ -136,16 +136,14 @@ KeyFilter<K> FilterFor(const Assignment& a) {
   };
 }
 
-
 // The pod a node belongs to: its id up to the first '/'.
 std::string PodOf(const std::string& node_id);
 
 // Runner thread: a source piece's /statusz entry (its source's health and
 // the node's store: `keys`, `store_in_sync`) and, when the store is not in
 // sync, why (the source's own message, or that it lists for the new range).
-void PublishSource(const SourceHealth& health, bool store_in_sync,
-                   size_t keys, std::string* json,
-                   std::vector<std::string>* not_ready);
+void PublishSource(const SourceHealth& health, bool store_in_sync, size_t keys,
+                   std::string* json, std::vector<std::string>* not_ready);
 
 // The options every source piece takes from the run.
 template <class Options>
@@ -199,7 +197,8 @@ class SourcePiece final : public ControllerPiece {
     return source_->RunUntilIdle() ? 1 : 0;
   }
   absl::Time NextWakeTime() const override { return source_->NextWakeTime(); }
-  void Publish(std::string* json, std::vector<std::string>* not_ready) override {
+  void Publish(std::string* json,
+               std::vector<std::string>* not_ready) override {
     PublishSource(source_->health(), store_.InSync(), store_.size(), json,
                   not_ready);
   }
@@ -255,7 +254,8 @@ class SharedPiece final : public ControllerPiece {
     return hold_->source()->manual() ? hold_->source()->NextWakeTime()
                                      : absl::InfiniteFuture();
   }
-  void Publish(std::string* json, std::vector<std::string>* not_ready) override {
+  void Publish(std::string* json,
+               std::vector<std::string>* not_ready) override {
     PublishSource(hold_->source()->health(), store_.InSync(), store_.size(),
                   json, not_ready);
   }
@@ -452,7 +452,6 @@ class PlanPiece final : public ControllerPiece {
   std::unique_ptr<Plan> plan_;
   ReconcileLoop loop_;
 };
-
 
 }  // namespace setpoint::internal
 
