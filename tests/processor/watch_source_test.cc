@@ -444,6 +444,7 @@ TEST_F(WatchSourceTest, PublishesItsSeries) {
   EXPECT_EQ(snap.Value("setpoint_source_in_sync", l), 1);
   EXPECT_EQ(snap.Value("setpoint_source_last_success_age_seconds", l), 3);
   EXPECT_EQ(snap.Count("setpoint_source_list_duration_seconds", l), 1);
+  source_.reset();  // Its collector goes before the registry.
 }
 
 TEST(WatchSourceOptionsTest, StartRefusesBadOptionsNamingTheField) {
