@@ -222,13 +222,15 @@ class SharedPiece final : public ControllerPiece {
         store_({.name = name,
                 .equal = std::move(equal),
                 .logger = run->options.logger}),
-        subscription_(hold_->source()->Subscribe(&run->runner, &store_)),
         access_(std::make_shared<SourceAccess<K, V>>(
             [this](const Context& ctx) {
               return hold_->source()->AwaitFresh(ctx);
             },
             [this] { return hold_->source()->Snapshot(); })) {
-    subscription_->Rescope([](const K&) { return false; });
+    // Nothing is ours before the first assignment: scoped before it
+    // subscribes, so the cache posts it nothing to drop.
+    store_.Rescope([](const K&) { return false; });
+    subscription_ = hold_->source()->Subscribe(&run->runner, &store_);
     run->readers[&store_] = access_;
   }
   ~SharedPiece() override {
