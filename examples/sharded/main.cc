@@ -108,14 +108,15 @@ int Demo(int records) {
     RecordsApiStats s = api.stats();
     std::printf(
         "%s: %s in %s (records %zu, serial %lld, writes %lld, "
-        "injected 503/429 %lld)\n",
+        "injected 503/429 %lld, zone lists %lld)\n",
         what, ok ? "converged" : "NOT converged",
         absl::FormatDuration(
             absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
             .c_str(),
         api.records().size(), static_cast<long long>(api.serial()),
         static_cast<long long>(s.writes),
-        static_cast<long long>(s.injected_errors));
+        static_cast<long long>(s.injected_errors),
+        static_cast<long long>(s.lists));
     return ok;
   };
 

@@ -71,6 +71,7 @@ struct RecordsApiOptions {
 };
 
 struct RecordsApiStats {
+  int64_t lists = 0;            // List calls (the zone fetched whole).
   int64_t writes = 0;           // Accepted puts and deletes.
   int64_t stale_refused = 0;    // Token older than one seen for the shard.
   int64_t unowned_refused = 0;  // No assignment, or key not in its range.
@@ -110,6 +111,7 @@ class FakeRecordsApi final : public RecordsApi {
   absl::StatusOr<Records> List(const setpoint::Context& ctx) override {
     SETPOINT_RETURN_IF_ERROR(ctx.Wait(options_.latency));
     setpoint::MutexLock l(&mu_);
+    ++stats_.lists;
     return records_;
   }
   absl::Status Put(const setpoint::Context& ctx, const std::string& name,

@@ -39,13 +39,14 @@ class RecordClient
 };
 
 // Nodes of kind "records" split the ring; each syncs the records of its
-// shards from the catalog (desired) to the API (observed).
+// shards from the catalog (desired) to the API (observed). The API's list
+// is shared by the pod's nodes: one list of the zone per interval per pod.
 inline setpoint::ControllerKind RecordsKind(RecordsApi* api, Catalog* catalog,
                                             RecordClient* client) {
   return {.kind = "records",
           .count = 2,
           .build = [=](setpoint::ControllerBuilder& b) {
-            auto* seen = b.Poll<std::string, Record>(
+            auto* seen = b.SharedPoll<std::string, Record>(
                 "seen", [api](const Context& ctx) { return api->List(ctx); },
                 {.interval = absl::Milliseconds(500)});
             auto* want = b.Poll<std::string, Record>(

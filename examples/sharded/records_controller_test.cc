@@ -2,8 +2,11 @@
 // clock: no sleep, no wait on real time.
 #include "records_controller.h"
 
+#include <memory>
+
 #include "gtest/gtest.h"
 #include "records_api.h"
+#include "setpoint/controller/pod_sources.h"
 #include "setpoint/testing/controller_harness.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
@@ -37,6 +40,42 @@ TEST(RecordsController, ConvergesOnItsShardsOnly) {
     bool ours = setpoint::ShardOf(name) < 2048;
     EXPECT_EQ(api.records().contains(name), ours) << name;
   }
+  EXPECT_EQ(api.stats().unowned_refused, 0);
+}
+
+// Two nodes of one pod share the API's list: one list per interval for
+// both, each node syncing only its half.
+TEST(RecordsController, APodsNodesShareOneListOfTheZone) {
+  SimulatedClock clock({.auto_advance = true});
+  FakeRecordsApi api;
+  Catalog catalog;
+  for (int i = 0; i < 100; ++i) {
+    catalog.Set("host-" + std::to_string(i), Record{"10.0.0.1"});
+  }
+  RecordClient client(&api);
+  auto pod = std::make_shared<setpoint::PodSources>();
+  auto quiet = setpoint::testing::NullLogger();
+  ControllerHarness a(RecordsKind(&api, &catalog, &client).build,
+                      {.clock = &clock,
+                       .node = {.id = "pod/records/0", .kind = "records"},
+                       .pod_sources = pod,
+                       .logger = quiet});
+  ControllerHarness b(RecordsKind(&api, &catalog, &client).build,
+                      {.clock = &clock,
+                       .node = {.id = "pod/records/1", .kind = "records"},
+                       .pod_sources = pod,
+                       .logger = quiet});
+  SETPOINT_ASSERT_OK(a.Start());
+  SETPOINT_ASSERT_OK(b.Start());
+  SETPOINT_ASSERT_OK(a.Assign({0, 2048}, /*token=*/1));
+  SETPOINT_ASSERT_OK(b.Assign({2048, 4096}, /*token=*/1));
+  const int64_t lists = api.stats().lists;
+  for (int i = 0; i < 20; ++i) {  // 10 s: 20 intervals.
+    a.Advance(absl::Milliseconds(250));
+    b.Advance(absl::Milliseconds(250));
+  }
+  EXPECT_EQ(api.records(), catalog.Get());
+  EXPECT_LE(api.stats().lists - lists, 21);  // Not 40: one per interval.
   EXPECT_EQ(api.stats().unowned_refused, 0);
 }
 

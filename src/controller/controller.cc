@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "setpoint/base/format.h"
@@ -9,107 +10,6 @@
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
-namespace internal {
-
-ControllerRun::ControllerRun(const NodeInfo& node,
-                             const ControllerOptions& opts,
-                             ControllerBoard* status_board)
-    : info(node),
-      options(opts),
-      labels({{"kind", node.kind}, {"node", node.id}}),
-      board(status_board),
-      runner({.name = node.id,
-              .clock = opts.clock,
-              .metrics = opts.metrics,
-              .metric_labels = labels,
-              .logger = opts.logger}) {}
-
-void ControllerRun::Beat() {
-  std::string json;
-  std::vector<std::string> not_ready;
-  for (auto& piece : pieces) piece->Publish(&json, &not_ready);
-  {
-    MutexLock l(&board->mu);
-    board->beat = options.clock->Now();
-    board->not_ready = std::move(not_ready);
-    board->pieces_json = absl::StrCat("[", json, "]");
-  }
-  if (options.manual || options.status_interval <= absl::ZeroDuration()) return;
-  MutexLock l(&mu_);
-  if (beats_stopped_) return;
-  absl::StatusOr<TimerHandle> next = runner.PostAfter(
-      options.status_interval, [this] { Beat(); }, "controller status");
-  if (next.ok()) beat_ = *std::move(next);
-}
-
-void ControllerRun::StopBeats() {
-  TimerHandle beat;
-  {
-    MutexLock l(&mu_);
-    beats_stopped_ = true;
-    beat = std::move(beat_);
-  }
-  beat.Cancel();
-}
-
-std::shared_ptr<const Assignment> ControllerRun::Current() const {
-  MutexLock l(&mu_);
-  return current_;
-}
-
-void ControllerRun::SetCurrent(std::shared_ptr<const Assignment> a) {
-  MutexLock l(&mu_);
-  current_ = std::move(a);
-}
-
-PlanPiece::PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
-                     ReconcileLoopOptions options)
-    : manual_(run->options.manual),
-      plan_(std::move(plan)),
-      loop_(*plan_, Adjust(run, std::move(options))) {}
-
-void PlanPiece::Publish(std::string* json, std::vector<std::string>*) {
-  if (!json->empty()) json->push_back(',');
-  json->append("{\"plan\":");
-  std::string name;
-  try {
-    name = plan_->Name();
-  } catch (...) {
-    name = "(plan name threw)";
-  }
-  AppendJsonString(json, name);
-  const ReconcileLoopStats st = loop_.stats();
-  absl::StrAppend(
-      json, ",\"executions\":", st.executions, ",\"failures\":", st.failures,
-      ",\"stale_refusals\":", st.stale_refusals, ",\"last_report\":");
-  std::optional<ExecutionReport> last = loop_.last_report();
-  json->append(last.has_value() ? last->ToJson() : "null");
-  json->push_back('}');
-}
-
-ReconcileLoopOptions PlanPiece::Adjust(ControllerRun* run,
-                                       ReconcileLoopOptions o) {
-  o.clock = run->options.clock;
-  if (o.metrics == nullptr) o.metrics = run->options.metrics;
-  o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
-  if (o.logger == nullptr) o.logger = run->options.logger;
-  // Paused until the node owns shards; every execution runs under the
-  // assignment in force when it starts (it is paused around changes).
-  o.start_paused = true;
-  auto user = std::move(o.execution_context);
-  o.execution_context = [run, user = std::move(user)](const Context& ctx) {
-    Context c = ctx.WithValue(run->Current());
-    return user ? user(c) : c;
-  };
-  return o;
-}
-
-absl::Status PlanPiece::Start() {
-  if (manual_) return absl::OkStatus();  // RunUntilIdle drives it.
-  return loop_.Start();
-}
-
-}  // namespace internal
 
 ReconcileLoop* ControllerBuilder::Reconcile(std::unique_ptr<Plan> plan,
                                             ReconcileLoopOptions options) {
@@ -131,8 +31,38 @@ ControllerOptions Defaults(const NodeInfo& info, ControllerOptions o) {
     o.logger = std::make_shared<spdlog::logger>("setpoint");
   // Every line names the node: the logger is the node's clone.
   o.logger = o.logger->clone(info.id);
+  if (o.pod_sources == nullptr) {
+    o.pod_sources = std::make_shared<PodSources>(PodSourcesOptions{
+        .name = info.id, .clock = o.clock, .logger = o.logger});
+  }
   return o;
 }
+
+// The PodSources of one kind, one per pod, for the nodes a kind's factory
+// makes (a program may run several pods: the demo does).
+class PodSourcesByPod {
+ public:
+  PodSourcesByPod(std::string kind, ControllerOptions options)
+      : kind_(std::move(kind)), options_(std::move(options)) {}
+  std::shared_ptr<PodSources> For(const std::string& pod) {
+    MutexLock l(&mu_);
+    std::shared_ptr<PodSources> sources = pods_[pod].lock();
+    if (sources == nullptr) {
+      sources = std::make_shared<PodSources>(
+          PodSourcesOptions{.name = absl::StrCat(pod, "/", kind_),
+                            .clock = options_.clock,
+                            .logger = options_.logger});
+      pods_[pod] = sources;
+    }
+    return sources;
+  }
+
+ private:
+  const std::string kind_;
+  const ControllerOptions options_;
+  Mutex mu_;
+  std::map<std::string, std::weak_ptr<PodSources>> pods_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace
 
@@ -171,7 +101,17 @@ absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
       std::make_unique<internal::ControllerRun>(info_, options_, &board_);
   ControllerBuilder builder(run.get());
   absl::Status built;
-  if (!build_) {
+  if (!options_.manual) {
+    absl::StatusOr<SourceExecutor*> executor = run->pod->Executor();
+    if (executor.ok()) {
+      run->executor = *executor;
+    } else {
+      built = executor.status();
+    }
+  }
+  if (!built.ok()) {
+    // No executor for the sources: nothing is declared.
+  } else if (!build_) {
     built = absl::InvalidArgumentError("no build function");
   } else {
     try {
@@ -181,6 +121,7 @@ absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
     } catch (...) {
       built = absl::InternalError("build threw a non-exception");
     }
+    if (built.ok() && !run->errors.empty()) built = run->errors.front();
   }
   if (!built.ok()) {
     StopRun(*run);  // Destroys what was declared, in reverse.
@@ -412,13 +353,18 @@ Runner* Controller::runner() {
 }
 
 NodeKindOptions ControllerKind::ToNodeKind() const {
+  auto pods = std::make_shared<PodSourcesByPod>(kind, options);
   return NodeKindOptions{
       .kind = kind,
       .count = count,
       .ring_size = ring_size,
       .factory =
-          [build = build, options = options](const NodeInfo& info) {
-            return std::make_unique<Controller>(info, build, options);
+          [build = build, options = options, pods](const NodeInfo& info) {
+            ControllerOptions o = options;
+            if (o.pod_sources == nullptr) {
+              o.pod_sources = pods->For(internal::PodOf(info.id));
+            }
+            return std::make_unique<Controller>(info, build, std::move(o));
           },
   };
 }

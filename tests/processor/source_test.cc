@@ -360,10 +360,13 @@ TEST_F(PollingSourceTest, AListInProgressUnderTheOldFilterIsDropped) {
   EXPECT_THAT(log, Not(Contains(HasSubstr("99"))));
   EXPECT_THAT(log,
               ElementsAre("lost", "forget b1 1->_", "set a1 1->2", "synced"));
+  // Dropped by the source itself: it never reached the store.
   EXPECT_EQ(runner_.PostAndWait(Context(), [this] { return store_.stats(); })
                 .value_or(StoreStats{})
                 .ignored,
-            1);
+            0);
+  EXPECT_EQ(source_->stats().lists, 3);
+  EXPECT_EQ(source_->status().relists, 1);
   EXPECT_TRUE(StoreInSync());
 }
 

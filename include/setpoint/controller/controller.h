@@ -1,6 +1,6 @@
-// Controller: a Node built from declared pieces — sources that poll the
-// world and the user's data into stores, syncers that drive the world
-// towards the desired state through the user's clients, and plans run
+// Controller: a Node built from declared pieces — sources that list or
+// watch the world and the user's data into stores, syncers that drive the
+// world towards the desired state through the user's clients, and plans run
 // again and again — so a sharded controller is a build function, not a
 // Node subclass.
 //
@@ -8,11 +8,13 @@
 //       .kind = "records",
 //       .count = 4,
 //       .build = [&](setpoint::ControllerBuilder& b) {
-//         auto* seen = b.Poll<std::string, Record>(
-//             "seen", [&](const setpoint::Context& ctx) { return api.List(ctx);
+//         auto* seen = b.SharedPoll<std::string, Record>(
+//             "seen", [&](const setpoint::Context& ctx) {
+//               return api.List(ctx);  // once per pod, not once per node
 //             });
 //         auto* want = b.Poll<std::string, Record>(
-//             "want", [&](const setpoint::Context&) { return catalog.Records();
+//             "want", [&](const setpoint::Context&) {
+//               return catalog.Records();
 //             });
 //         b.Sync<std::string, Record, Record>("records", &client, seen, want);
 //         return absl::OkStatus();
@@ -20,9 +22,12 @@
 //   manager_options.kinds.push_back(records.ToNodeKind());
 //
 // Pieces: Poll (a store listed by a function: observed state, or desired
-// state from your own data), PollAll (every key, as input of a Transform
-// whose keys differ), Transform (desired state worked out from stores),
-// Sync (a Syncer and its client), Reconcile (a plan run again and again).
+// state from your own data), Watch (a store fed by a list and a stream of
+// changes), SharedPoll and SharedWatch (the same, once per pod for all the
+// kind's nodes), PollAll (every key, as input of a Transform whose keys
+// differ), Transform (desired state worked out from stores), Sync (a Syncer
+// and its client), Reconcile (a plan run again and again), Reader (a plan's
+// view of a source, and a wait for fresh state).
 //
 // What the controller guarantees (docs/controller.md):
 // - Fresh pieces for every Run: the build function runs again, so a node
@@ -47,10 +52,13 @@
 // - Leader-only work: declare it in a LeaderKind, a one-shard kind whose
 //   single shard one node of the whole fleet owns at a time.
 //
+// The pieces' internals are in controller/internal/controller_pieces.h.
+//
 // Thread safety: the build function runs on the node's Run thread; store
 // listeners, OnAssignment hooks and syncer state on the node's runner; list
-// functions on their sources' threads; clients on updater threads; plans on
-// their loops' threads. Run and UpdateShardRange follow Node's rules.
+// and watch functions on the pod's source threads (PodSources); clients on
+// updater threads; plans on their loops' threads. Run and UpdateShardRange
+// follow Node's rules.
 #ifndef SETPOINT_CONTROLLER_CONTROLLER_H_
 #define SETPOINT_CONTROLLER_CONTROLLER_H_
 
@@ -58,22 +66,19 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
-#include "setpoint/base/json.h"
-#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
+#include "setpoint/controller/controller_options.h"
+#include "setpoint/controller/internal/controller_pieces.h"
+#include "setpoint/controller/pod_sources.h"
+#include "setpoint/controller/source_reader.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/node/shard.h"
@@ -84,6 +89,8 @@
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/syncer.h"
 #include "setpoint/processor/transformer.h"
+#include "setpoint/processor/watch.h"
+#include "setpoint/processor/watch_source.h"
 #include "spdlog/logger.h"
 
 namespace setpoint {
@@ -97,383 +104,8 @@ inline const Assignment* AssignmentOf(const Context& ctx) {
 // are not strings, overload ShardOf(const MyKey&, uint32_t ring_size) in
 // your key's namespace.
 
-struct ControllerOptions {
-  // How long UpdateShardRange waits for calls and plan steps outside the
-  // new range to return after their cancellation, before it reports
-  // failure (the manager then keeps the shards and asks again).
-  // Default: 2 s.
-  absl::Duration handoff_timeout = absl::Seconds(2);
-  // Time for the runner, sources, syncers and loops.
-  // Default: Clock::Real().
-  Clock* clock = nullptr;
-  // No threads: the runner, sources, syncers and loops run only when
-  // RunUntilIdle() is called, on the caller's thread (deterministic tests;
-  // setpoint::testing::ControllerHarness drives it).
-  // Default: false.
-  bool manual = false;
-  // How often the pieces' status is published for the pod's /statusz,
-  // /readyz and keys-by-state gauges (one runner event, O(keys)); a runner
-  // that has not run it for the probe's stuck_after is reported stuck. In
-  // manual mode it is published at the end of every RunUntilIdle instead.
-  // Default: 1 s.
-  absl::Duration status_interval = absl::Seconds(1);
-  // Where the runner, syncers and plans publish their series, labelled
-  // kind=<kind> and node=<node id>.
-  // Default: NodeInfo::metrics (the pod's), else none.
-  MetricsRegistry* metrics = nullptr;
-  // The updater threads the syncers' calls run on (SyncerOptions::pool,
-  // unless a Sync sets its own). Must outlive the controller.
-  // Default: NodeInfo::updaters (the pod's pool), else each syncer owns its
-  // threads.
-  UpdaterPool* updaters = nullptr;
-  // Every line is written through a clone of it named after the node id, so
-  // each names its node; the pieces name themselves (runner=, syncer=,
-  // plan=, source=).
-  // Default: spdlog's default logger at construction.
-  std::shared_ptr<spdlog::logger> logger = nullptr;
-};
-
 class ControllerBuilder;
 using ControllerBuildFn = std::function<absl::Status(ControllerBuilder&)>;
-
-namespace internal {
-
-// One declared piece, type-erased for the controller.
-class ControllerPiece {
- public:
-  virtual ~ControllerPiece() = default;
-  virtual absl::Status Start() { return absl::OkStatus(); }
-  virtual void Stop() {}
-  // Relay thread, first and without waiting: stop work `a` does not allow
-  // (pause plans, cancel and refuse calls for keys outside a.range).
-  virtual void Fence(const Assignment& /*a*/) {}
-  // Runner thread: re-scope to `a`; `values` carries it for calls.
-  virtual void Rescope(const Assignment& /*a*/, const Context& /*values*/) {}
-  // Relay thread, after the re-scope: wait until nothing outside a.range
-  // runs (for plans: until the paused execution ended).
-  virtual absl::Status AwaitOutside(const Assignment& /*a*/,
-                                    const Context& /*ctx*/) {
-    return absl::OkStatus();
-  }
-  // Relay thread: the new assignment is in place.
-  virtual void Resume(const Assignment& /*a*/) {}
-  // Manual mode: runs what is due now; returns how much ran.
-  virtual int RunUntilIdle(const Context& /*ctx*/) { return 0; }
-  // Manual mode: when something is due next.
-  virtual absl::Time NextWakeTime() const { return absl::InfiniteFuture(); }
-  // Runner thread: appends a JSON object about the piece to `json` (or
-  // nothing), and to `not_ready` why it is not ready; sets its gauges.
-  virtual void Publish(std::string* /*json*/,
-                       std::vector<std::string>* /*not_ready*/) {}
-};
-
-// What the pieces of the running Run last published (any thread).
-struct ControllerBoard {
-  mutable Mutex mu;
-  bool running ABSL_GUARDED_BY(mu) = false;
-  absl::Time beat ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  std::vector<std::string> not_ready ABSL_GUARDED_BY(mu);
-  std::string pieces_json ABSL_GUARDED_BY(mu) = "[]";
-};
-
-// One Run's pieces and runner.
-struct ControllerRun {
-  ControllerRun(const NodeInfo& info, const ControllerOptions& options,
-                ControllerBoard* board);
-
-  // The assignment in force, for plan contexts (any thread).
-  std::shared_ptr<const Assignment> Current() const;
-  void SetCurrent(std::shared_ptr<const Assignment> a);
-
-  // Runner thread: every piece publishes to `board`; then, unless manual or
-  // stopped, the next one is due in options.status_interval.
-  void Beat();
-  // Cancels the next Beat (before the runner stops).
-  void StopBeats();
-
-  const NodeInfo info;
-  const ControllerOptions options;
-  // kind=, node= (and the metrics registry in options.metrics).
-  const MetricLabels labels;
-  ControllerBoard* const board;
-  Runner runner;
-  std::vector<std::unique_ptr<ControllerPiece>> pieces;  // Declared order.
-  std::vector<std::function<void(const Assignment&)>> on_assignment;
-  std::vector<std::shared_ptr<void>> owned;
-  // Stores re-scoped to the range in the same event as the syncers.
-  absl::flat_hash_set<const void*> scoped_stores;
-
- private:
-  mutable Mutex mu_;
-  std::shared_ptr<const Assignment> current_ ABSL_GUARDED_BY(mu_);
-  bool beats_stopped_ ABSL_GUARDED_BY(mu_) = false;
-  TimerHandle beat_ ABSL_GUARDED_BY(mu_);
-};
-
-template <class K>
-KeyFilter<K> FilterFor(const Assignment& a) {
-  if (a.range.Empty()) return [](const K&) { return false; };
-  // The whole ring (one node of the kind, a leader): no key to refuse.
-  if (a.range.begin == 0 && a.range.end >= a.ring_size) return nullptr;
-  return [range = a.range, ring = a.ring_size](const K& key) {
-    return range.Contains(ShardOf(key, ring));
-  };
-}
-
-template <class K, class V>
-class PollPiece final : public ControllerPiece {
- public:
-  using ListFn = typename PollingSource<K, V>::ListFn;
-  // `scoped`: the store holds only the keys of the node's range (and none
-  // before the first assignment); otherwise every key.
-  PollPiece(ControllerRun* run, std::string name, ListFn list,
-            PollingSourceOptions<V> options, bool scoped)
-      : scoped_(scoped),
-        store_({.name = name,
-                .equal = options.equal,
-                .logger = run->options.logger}),
-        name_(name),
-        source_(&run->runner, &store_, std::move(list),
-                Adjust(run, std::move(name), std::move(options))) {
-    // Nothing is ours before the first assignment.
-    if (scoped_) source_.Rescope([](const K&) { return false; });
-  }
-  Store<K, V>* store() { return &store_; }
-  PollingSource<K, V>* source() { return &source_; }
-
-  absl::Status Start() override { return source_.Start(); }
-  void Stop() override { source_.Stop(); }
-  void Rescope(const Assignment& a, const Context&) override {
-    if (scoped_) source_.Rescope(FilterFor<K>(a));
-  }
-  int RunUntilIdle(const Context&) override {
-    return source_.RunUntilIdle() ? 1 : 0;
-  }
-  absl::Time NextWakeTime() const override { return source_.NextWakeTime(); }
-  void Publish(std::string*, std::vector<std::string>* not_ready) override {
-    if (!store_.InSync()) {
-      not_ready->push_back(
-          absl::StrCat("source ", name_, " has not listed yet (not in sync)"));
-    }
-  }
-
- private:
-  static PollingSourceOptions<V> Adjust(ControllerRun* run, std::string name,
-                                        PollingSourceOptions<V> o) {
-    o.name = run->info.id + "/" + name;
-    if (o.clock == nullptr) o.clock = run->options.clock;
-    if (o.logger == nullptr) o.logger = run->options.logger;
-    o.manual = run->options.manual;
-    return o;
-  }
-
-  const bool scoped_;
-  Store<K, V> store_;
-  const std::string name_;
-  PollingSource<K, V> source_;
-};
-
-// A store fed by a Transformer: ReplaceDesired replaces its content.
-template <class K, class D>
-class StoreSink final : public DesiredSink<K, D> {
- public:
-  explicit StoreSink(Store<K, D>* store) : store_(store) {}
-  void ReplaceDesired(absl::flat_hash_map<K, D> desired) override {
-    StoreUpdate<K, D> u{.generation = store_->generation(),
-                        .replace = true,
-                        .sync = StoreUpdate<K, D>::Sync::kSynced};
-    u.sets.reserve(desired.size());
-    for (auto& kv : desired)
-      u.sets.emplace_back(kv.first, std::move(kv.second));
-    store_->Apply(std::move(u));
-  }
-  void SetDesired(K key, D desired) override {
-    store_->Set(std::move(key), std::move(desired));
-  }
-  void DeleteDesired(const K& key) override { store_->Delete(key); }
-  void DependOnDesired(Synchronizable* producer) override {
-    store_->DependOn(producer);
-  }
-
- private:
-  Store<K, D>* store_;
-};
-
-template <class K, class D>
-class TransformPiece final : public ControllerPiece {
- public:
-  using SnapshotFn = typename Transformer<K, D>::SnapshotFn;
-  TransformPiece(ControllerRun* run, std::string name, SnapshotFn snapshot,
-                 TransformerOptions options)
-      : store_({.name = name, .logger = run->options.logger}),
-        sink_(&store_),
-        transformer_(&run->runner, &sink_, std::move(snapshot),
-                     Adjust(run, std::move(name), std::move(options))) {
-    store_.Rescope([](const K&) { return false; });
-  }
-  Store<K, D>* store() { return &store_; }
-  Transformer<K, D>* transformer() { return &transformer_; }
-
-  void Rescope(const Assignment& a, const Context&) override {
-    // The store forgets what left and is out of sync until the next
-    // snapshot, which is asked for now.
-    store_.Rescope(FilterFor<K>(a));
-    transformer_.Invalidate();
-  }
-
- private:
-  static TransformerOptions Adjust(ControllerRun* run, std::string name,
-                                   TransformerOptions o) {
-    o.name = std::move(name);
-    if (o.logger == nullptr) o.logger = run->options.logger;
-    return o;
-  }
-
-  Store<K, D> store_;
-  StoreSink<K, D> sink_;
-  Transformer<K, D> transformer_;
-};
-
-// Failing keys listed per syncer in the status JSON.
-inline constexpr size_t kStatusFailures = 5;
-
-template <class K>
-void AppendSyncerStatusJson(std::string* out, const std::string& name,
-                            const SyncerStatus<K>& s, const SyncerStats& c) {
-  if (!out->empty()) out->push_back(',');
-  out->append("{\"syncer\":");
-  AppendJsonString(out, name);
-  absl::StrAppend(out, ",\"in_sync\":", s.in_sync ? "true" : "false",
-                  ",\"keys\":", s.keys, ",\"converged\":", s.converged,
-                  ",\"pending\":", s.pending, ",\"in_flight\":", s.in_flight,
-                  ",\"awaiting_observation\":", s.awaiting_observation,
-                  ",\"backing_off\":", s.backing_off,
-                  ",\"terminal\":", s.terminal, ",\"stale\":", s.stale,
-                  ",\"paused\":", s.paused ? "true" : "false");
-  if (s.paused) {
-    out->append(",\"paused_since\":");
-    AppendJsonString(out, absl::FormatTime(absl::RFC3339_full, s.paused_since,
-                                           absl::UTCTimeZone()));
-    out->append(",\"pause_error\":");
-    AppendJsonString(out, s.pause_error.ToString());
-  }
-  absl::StrAppendFormat(out, ",\"longest_pending_seconds\":%.3f",
-                        absl::ToDoubleSeconds(s.longest_pending));
-  absl::StrAppend(out, ",\"creates\":", c.creates, ",\"updates\":", c.updates,
-                  ",\"deletes\":", c.deletes, ",\"failures\":", c.failures,
-                  ",\"stale_refusals\":", c.stale_refusals,
-                  ",\"failing_keys\":[");
-  for (size_t i = 0; i < s.failures.size(); ++i) {
-    const SyncerKeyFailure<K>& f = s.failures[i];
-    if (i > 0) out->push_back(',');
-    out->append("{\"key\":");
-    AppendJsonString(out, KeyForLog(f.key));
-    out->append(",\"error\":");
-    AppendJsonString(out, f.last_error.ToString());
-    absl::StrAppend(out, ",\"failures\":", f.failures,
-                    ",\"terminal\":", f.terminal ? "true" : "false",
-                    ",\"next_attempt\":");
-    if (f.next_attempt == absl::InfiniteFuture()) {
-      out->append("null");
-    } else {
-      AppendJsonString(out, absl::FormatTime(absl::RFC3339_full, f.next_attempt,
-                                             absl::UTCTimeZone()));
-    }
-    out->push_back('}');
-  }
-  out->append("]}");
-}
-
-template <class K, class D, class O>
-class SyncPiece final : public ControllerPiece {
- public:
-  SyncPiece(ControllerRun* run, std::string name, SyncerClient<K, D, O>* client,
-            SyncerOptions<D, O> options)
-      : syncer_(&run->runner, client,
-                Adjust(run, std::move(name), std::move(options))) {
-    syncer_.Rescope([](const K&) { return false; });
-  }
-  Syncer<K, D, O>* syncer() { return &syncer_; }
-
-  absl::Status Start() override { return syncer_.Start(); }
-  void Stop() override { syncer_.Stop(); }
-  void Fence(const Assignment& a) override { syncer_.Fence(FilterFor<K>(a)); }
-  void Rescope(const Assignment& a, const Context& values) override {
-    syncer_.Rescope(FilterFor<K>(a));
-    syncer_.SetCallValues(values);
-  }
-  absl::Status AwaitOutside(const Assignment& a, const Context& ctx) override {
-    return syncer_.AwaitCallsWithin(FilterFor<K>(a), ctx);
-  }
-  int RunUntilIdle(const Context&) override { return syncer_.RunUntilIdle(); }
-  void Publish(std::string* json,
-               std::vector<std::string>* not_ready) override {
-    syncer_.PublishStatusMetrics();
-    SyncerStatus<K> s = syncer_.StatusSnapshot(kStatusFailures);
-    if (!s.in_sync) {
-      not_ready->push_back(absl::StrCat("syncer ", syncer_.name(),
-                                        " not in sync (its inputs are not "
-                                        "complete: nothing acts)"));
-    }
-    if (s.paused) {
-      not_ready->push_back(absl::StrCat(
-          "syncer ", syncer_.name(),
-          " paused: the world is unreachable (one probe at a time): ",
-          s.pause_error.message()));
-    }
-    AppendSyncerStatusJson(json, syncer_.name(), s, syncer_.stats());
-  }
-
- private:
-  static SyncerOptions<D, O> Adjust(ControllerRun* run, std::string name,
-                                    SyncerOptions<D, O> o) {
-    o.name = std::move(name);
-    if (o.metrics == nullptr) o.metrics = run->options.metrics;
-    o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
-    if (o.clock == nullptr) o.clock = run->options.clock;
-    if (o.logger == nullptr) o.logger = run->options.logger;
-    if (o.pool == nullptr) o.pool = run->options.updaters;
-    o.manual_updates = run->options.manual;
-    return o;
-  }
-
-  Syncer<K, D, O> syncer_;
-};
-
-class PlanPiece final : public ControllerPiece {
- public:
-  PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
-            ReconcileLoopOptions options);
-  ReconcileLoop* loop() { return &loop_; }
-
-  absl::Status Start() override;
-  void Stop() override { loop_.Stop(); }
-  void Fence(const Assignment&) override {
-    // Pauses and cancels the running execution; waits for nothing.
-    (void)loop_.Pause(Context().WithDeadline(absl::InfinitePast()));
-  }
-  absl::Status AwaitOutside(const Assignment&, const Context& ctx) override {
-    return loop_.Pause(ctx);
-  }
-  void Resume(const Assignment& a) override {
-    if (!a.range.Empty()) loop_.Resume();
-  }
-  int RunUntilIdle(const Context& ctx) override {
-    return loop_.RunUntilIdle(ctx) ? 1 : 0;
-  }
-  absl::Time NextWakeTime() const override { return loop_.NextWakeTime(); }
-  void Publish(std::string* json, std::vector<std::string>*) override;
-
- private:
-  static ReconcileLoopOptions Adjust(ControllerRun* run,
-                                     ReconcileLoopOptions o);
-
-  const bool manual_;
-  std::unique_ptr<Plan> plan_;
-  ReconcileLoop loop_;
-};
-
-}  // namespace internal
 
 // Declares a controller's pieces; given to the build function once per
 // Run. Pieces it returns pointers to live until that Run ends.
@@ -483,8 +115,11 @@ class ControllerBuilder {
  public:
   // A store of `name` filled by `list` every options.interval (a
   // PollingSource): observed state, or desired state from your own data.
-  // Holds only the keys of the node's range. `list` runs on the source's
-  // own thread: IO is fine there.
+  // Holds only the keys of the node's range; a range change lists again.
+  // `list` runs on the pod's source threads: IO is fine there. A failed
+  // list is retried after options.backoff (100 ms doubling to 30 s by
+  // default) instead of the interval; after options.lose_sync_after (3)
+  // in a row the store loses sync and nothing acts on it.
   template <class K, class V, class ListFn>
   Store<K, V>* Poll(std::string name, ListFn list,
                     PollingSourceOptions<V> options = {}) {
@@ -501,7 +136,73 @@ class ControllerBuilder {
     return AddPoll<K, V>(std::move(name), std::move(list), std::move(options),
                          /*scoped=*/false);
   }
-
+  // A store fed by `list` (every item and a resume token: WatchList) and
+  // then by the stream `watch` opens from that token (watch.h): a
+  // WatchSource. The source resumes from the last token after a
+  // disconnect, lists again when the stream says the token expired
+  // (kOutOfRange) and deletes what is gone, takes a stream with no event
+  // nor bookmark for options.idle_timeout (290 s) for dead, and backs off
+  // 800 ms doubling to 30 s (starting over after 2 minutes without a
+  // failure). Holds only the keys of the node's range; a range change
+  // lists again. Both functions run on the pod's source threads; an open
+  // stream holds one while it waits.
+  template <class K, class V, class ListFn, class WatchFnT>
+  Store<K, V>* Watch(std::string name, ListFn list, WatchFnT watch,
+                     WatchSourceOptions<V> options = {}) {
+    using Piece = internal::SourcePiece<K, V, WatchSource<K, V>>;
+    auto equal = options.equal;
+    const std::string store_name = name;
+    auto piece = std::make_unique<Piece>(
+        run_, store_name, std::move(equal), /*scoped=*/true,
+        [&](Runner* runner, Store<K, V>* store) {
+          return std::make_unique<WatchSource<K, V>>(
+              runner, store, WatchListFn<K, V>(std::move(list)),
+              WatchFn<K, V>(std::move(watch)),
+              internal::SourceDefaults(run_, std::move(name),
+                                       std::move(options), run_->labels));
+        });
+    return Add<K, V>(std::move(piece), /*scoped=*/true);
+  }
+  // Poll, shared by the kind's nodes in this pod (PodSources): one list
+  // per interval for the pod, each node's store holding its range of it.
+  // The first node to declare `name` makes it (its `list` and options);
+  // the others attach. A key entering a node's range is delivered from
+  // the shared cache at once, with no list (docs/controller.md says why
+  // that is safe).
+  template <class K, class V, class ListFn>
+  Store<K, V>* SharedPoll(std::string name, ListFn list,
+                          PollingSourceOptions<V> options = {}) {
+    auto equal = options.equal;
+    auto hold = Acquire<K, V>(name, [&] {
+      return SharedSource<K, V>::Poll(
+          typename SharedSource<K, V>::ListFn(std::move(list)),
+          SharedDefaults(name, std::move(options)));
+    });
+    return AddShared<K, V>(std::move(name), std::move(hold), std::move(equal));
+  }
+  // Watch, shared by the kind's nodes in this pod: one stream per pod.
+  template <class K, class V, class ListFn, class WatchFnT>
+  Store<K, V>* SharedWatch(std::string name, ListFn list, WatchFnT watch,
+                           WatchSourceOptions<V> options = {}) {
+    auto equal = options.equal;
+    auto hold = Acquire<K, V>(name, [&] {
+      return SharedSource<K, V>::Watch(
+          WatchListFn<K, V>(std::move(list)), WatchFn<K, V>(std::move(watch)),
+          SharedDefaults(name, std::move(options)));
+    });
+    return AddShared<K, V>(std::move(name), std::move(hold), std::move(equal));
+  }
+  // A view of the source that feeds `store` (made by Poll, PollAll, Watch,
+  // SharedPoll or SharedWatch in this build) for plans and other threads:
+  // Snapshot() and AwaitFresh(ctx) (source_reader.h). Another store gives
+  // a reader whose calls fail with kFailedPrecondition.
+  template <class K, class V>
+  SourceReader<K, V> Reader(Store<K, V>* store) {
+    auto it = run_->readers.find(store);
+    if (it == run_->readers.end()) return SourceReader<K, V>();
+    return SourceReader<K, V>(
+        std::static_pointer_cast<internal::SourceAccess<K, V>>(it->second));
+  }
   // Desired state worked out on the runner by `snapshot` from stores of
   // this build (`inputs`): it runs once they are all in sync, and again an
   // accumulation window after any of them changes, and its result
@@ -529,16 +230,19 @@ class ControllerBuilder {
   Syncer<K, D, O>* Sync(std::string name, SyncerClient<K, D, O>* client,
                         Store<K, O>* observed, Store<K, D>* desired,
                         SyncerOptions<D, O> options = {}) {
-    // Keys from stores scoped with the syncer need no second check.
-    options.trust_store_filters = run_->scoped_stores.contains(observed) &&
-                                  run_->scoped_stores.contains(desired);
-    auto piece = std::make_unique<internal::SyncPiece<K, D, O>>(
-        run_, std::move(name), client, std::move(options));
-    Syncer<K, D, O>* syncer = piece->syncer();
-    syncer->ObserveFrom(observed);
-    syncer->DesireFrom(desired);
-    run_->pieces.push_back(std::move(piece));
-    return syncer;
+    return AddSync(std::move(name), client, observed, desired,
+                   std::move(options));
+  }
+  // The same with a client that takes batches: up to options.max_batch
+  // operations of different keys per call, options.max_batches_in_flight
+  // calls at once (docs/syncer.md, "Batch clients"). Every per-key promise
+  // holds for each operation of a batch.
+  template <class K, class D, class O>
+  Syncer<K, D, O>* Sync(std::string name, BatchSyncerClient<K, D, O>* client,
+                        Store<K, O>* observed, Store<K, D>* desired,
+                        SyncerOptions<D, O> options = {}) {
+    return AddSync(std::move(name), client, observed, desired,
+                   std::move(options));
   }
 
   // Runs `plan` again and again (a ReconcileLoop on its own thread) while
@@ -571,19 +275,72 @@ class ControllerBuilder {
   }
 
  private:
+  template <class K, class D, class O, class Client>
+  Syncer<K, D, O>* AddSync(std::string name, Client* client,
+                           Store<K, O>* observed, Store<K, D>* desired,
+                           SyncerOptions<D, O> options) {
+    // Keys from stores scoped with the syncer need no second check.
+    options.trust_store_filters = run_->scoped_stores.contains(observed) &&
+                                  run_->scoped_stores.contains(desired);
+    auto piece = std::make_unique<internal::SyncPiece<K, D, O>>(
+        run_, std::move(name), client, std::move(options));
+    Syncer<K, D, O>* syncer = piece->syncer();
+    syncer->ObserveFrom(observed);
+    syncer->DesireFrom(desired);
+    run_->pieces.push_back(std::move(piece));
+    return syncer;
+  }
+
   friend class Controller;
   explicit ControllerBuilder(internal::ControllerRun* run) : run_(run) {}
   template <class K, class V, class ListFn>
   Store<K, V>* AddPoll(std::string name, ListFn list,
                        PollingSourceOptions<V> options, bool scoped) {
-    auto piece = std::make_unique<internal::PollPiece<K, V>>(
-        run_, std::move(name),
-        typename internal::PollPiece<K, V>::ListFn(std::move(list)),
-        std::move(options), scoped);
+    using Piece = internal::SourcePiece<K, V, PollingSource<K, V>>;
+    auto equal = options.equal;
+    const std::string store_name = name;
+    auto piece = std::make_unique<Piece>(
+        run_, store_name, std::move(equal), scoped,
+        [&](Runner* runner, Store<K, V>* store) {
+          return std::make_unique<PollingSource<K, V>>(
+              runner, store,
+              typename PollingSource<K, V>::ListFn(std::move(list)),
+              internal::SourceDefaults(run_, std::move(name),
+                                       std::move(options), run_->labels));
+        });
+    return Add<K, V>(std::move(piece), scoped);
+  }
+  template <class K, class V, class Piece>
+  Store<K, V>* Add(std::unique_ptr<Piece> piece, bool scoped) {
     Store<K, V>* store = piece->store();
     if (scoped) run_->scoped_stores.insert(store);
     run_->pieces.push_back(std::move(piece));
     return store;
+  }
+  // A shared source's options: the run's clock, logger, metrics (labelled
+  // kind= and pod=), the pod's executor, manual mode.
+  template <class Options>
+  Options SharedDefaults(const std::string& name, Options o) {
+    return internal::SourceDefaults(
+        run_, name, std::move(o),
+        {{"kind", run_->info.kind}, {"pod", run_->pod_id}});
+  }
+  template <class K, class V, class Make>
+  std::shared_ptr<internal::SharedHold<K, V>> Acquire(const std::string& name,
+                                                      Make make) {
+    auto hold = run_->pod->Acquire<K, V>(name, make);
+    if (hold.ok()) return *std::move(hold);
+    run_->errors.push_back(hold.status());
+    // A private one, never started: the build fails anyway.
+    return std::make_shared<internal::SharedHold<K, V>>(make());
+  }
+  template <class K, class V>
+  Store<K, V>* AddShared(std::string name,
+                         std::shared_ptr<internal::SharedHold<K, V>> hold,
+                         std::function<bool(const V&, const V&)> equal) {
+    auto piece = std::make_unique<internal::SharedPiece<K, V>>(
+        run_, name, std::move(hold), std::move(equal));
+    return Add<K, V>(std::move(piece), /*scoped=*/true);
   }
   internal::ControllerRun* run_;
 };

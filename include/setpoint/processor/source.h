@@ -1,5 +1,6 @@
-// Sources: where observed state comes from. A source does its IO on its own
-// thread and posts Set / Delete / Synced / LostSync to a Store on the runner.
+// Sources: where observed state comes from. A source lists (or watches) the
+// world off the runner and posts Set / Delete / Synced / LostSync to a Store
+// on the runner.
 //
 //   Store<std::string, Vm> vms;
 //   PollingSource<std::string, Vm> source(
@@ -15,13 +16,21 @@
 //     return range.Contains(ShardOf(k));
 //   });
 //
-// PollingSource lists every `interval`, diffs against its previous list on
-// its own thread and posts only the changes. The store is in sync after the
+// PollingSource lists every `interval`, diffs against its previous list
+// (SourceCache) and posts only the changes. The store is in sync after the
 // first good list; after `lose_sync_after` failed lists in a row it loses
 // sync (the syncer then pauses) until a list succeeds again. Failed lists
-// back off (BackoffOptions) instead of waiting `interval`.
+// back off (100 ms doubling to 30 s, jittered) instead of waiting
+// `interval`. WatchSource (watch_source.h) lists once and then follows a
+// stream of changes; SharedSource (shared_source.h) feeds the stores of
+// several nodes from one list or watch.
 //
-// With `manual` set, Start() starts no thread: the owner lists by calling
+// Threads: a source has none of its own. Its lists run on a
+// SourceExecutor (`executor`, shared by a pod's sources), holding one of
+// its threads while a list is in progress; without one it owns a private
+// executor of one thread.
+//
+// With `manual` set, Start() starts nothing: the owner lists by calling
 // RunUntilIdle() when NextWakeTime() comes on the source's clock, for
 // deterministic tests of whole controllers on a simulated clock:
 //
@@ -32,33 +41,32 @@
 //   runner.RunUntilIdle();
 //   clock.AdvanceTo(source.NextWakeTime());
 //
-// PushSource is for watch-style inputs: the user's own thread calls Set,
-// Delete, Replace, MarkSynced and MarkLostSync.
+// PushSource is for inputs the user drives: the user's own thread calls
+// Set, Delete, Replace, MarkSynced and MarkLostSync.
 //
 // Rescope (runner thread): the store forgets keys outside the new filter
 // (not a delete), loses sync, and the source lists again within it at once;
-// updates listed under the old filter are dropped on arrival. A PushSource
-// calls its on_filter_change so the user can re-list (Replace + MarkSynced).
+// a list begun under the old filter is dropped. A PushSource calls its
+// on_filter_change so the user can re-list (Replace + MarkSynced).
 //
 // Shutdown order: Stop() the sources, then the syncer, then the runner; then
 // destroy them. Posts after the runner stopped are refused and logged.
 //
 // Thread safety: Rescope on the runner thread; Start/Stop and RunUntilIdle on
-// the owner thread; Trigger, NextWakeTime and stats from any thread;
-// PushSource's Set/Delete/Replace/Mark* from any thread.
+// the owner thread; Trigger, NextWakeTime, AwaitFresh, Snapshot, status and
+// stats from any thread; PushSource's Set/Delete/Replace/Mark* from any
+// thread.
 #ifndef SETPOINT_PROCESSOR_SOURCE_H_
 #define SETPOINT_PROCESSOR_SOURCE_H_
-
-#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -72,13 +80,27 @@
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/processor/runner.h"
+#include "setpoint/processor/source_cache.h"
+#include "setpoint/processor/source_driver.h"
+#include "setpoint/processor/source_executor.h"
+#include "setpoint/processor/source_health.h"
 #include "setpoint/processor/store.h"
 #include "spdlog/logger.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
+
+// The backoff a source waits after a failure when its options do not say:
+// 100 ms doubling to 30 s, each delay shortened by up to 20 %.
+inline BackoffOptions DefaultSourceBackoff() {
+  return {.initial = absl::Milliseconds(100),
+          .max = absl::Seconds(30),
+          .multiplier = 2.0,
+          .jitter = 0.2};
+}
 
 // The common part of sources: the store it feeds, the filter and its
 // generation, and posting updates to the runner.
@@ -110,7 +132,9 @@ class Source {
   }
 
   // Updates that could not be posted because the runner had stopped.
-  int64_t updates_refused() const { return refused_.load(); }
+  virtual int64_t updates_refused() const { return refused_.load(); }
+
+  Store<K, V>* store() const { return store_; }
 
  protected:
   // Called after Rescope, on the runner thread.
@@ -154,7 +178,7 @@ class Source {
 
 template <class V>
 struct PollingSourceOptions {
-  // Names the source's thread's log lines.
+  // Names the source in logs, /statusz and metrics.
   // Default: "poll".
   std::string name = "poll";
   // Time between the end of a good list and the start of the next.
@@ -166,17 +190,27 @@ struct PollingSourceOptions {
   // The store loses sync after this many failed lists in a row (>= 1).
   // Default: 3.
   int lose_sync_after = 3;
-  // Waits after a failed list.
-  // Default: 100 ms doubling to 5 minutes, jitter 0.2 (BackoffOptions).
-  BackoffOptions backoff = {};
+  // Waits after a failed list, instead of `interval`; a good list starts
+  // it over.
+  // Default: DefaultSourceBackoff(): 100 ms doubling to 30 s, jitter 0.2.
+  BackoffOptions backoff = DefaultSourceBackoff();
   // Same-value test for the diff; keep it equal to the store's.
   // Default: operator==.
   std::function<bool(const V&, const V&)> equal = nullptr;
   // Default: the runner's clock (Runner::clock()).
   Clock* clock = nullptr;
+  // The threads lists run on (a pod's sources share one; its clock must be
+  // the source's). Must outlive the source's Stop().
+  // Default: null (a private executor of one thread).
+  SourceExecutor* executor = nullptr;
+  // Where setpoint_source_* are published (docs/operations.md), labelled
+  // with metric_labels and source=<name>.
+  // Default: none.
+  MetricsRegistry* metrics = nullptr;
+  MetricLabels metric_labels = {};
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
-  // No thread: the owner lists by calling RunUntilIdle() (tests on a simulated
+  // No threads: the owner lists by calling RunUntilIdle() (tests on a simulated
   // clock).
   // Default: false.
   bool manual = false;
@@ -187,9 +221,95 @@ struct PollingSourceStats {
   int64_t lists = 0;  // List calls that returned.
   int64_t list_failures = 0;
   int64_t consecutive_failures = 0;
-  int64_t changes_posted = 0;  // Sets and deletes sent to the store.
+  int64_t changes_posted = 0;  // Keys set or deleted in the cache.
 };
 
+namespace source_internal {
+
+// A driver that feeds a SourceCache and records what it does in a
+// SourceHealth: the engine of every cached source.
+template <class K, class V>
+class CachedDriver : public SourceDriver {
+ public:
+  using Map = absl::flat_hash_map<K, V>;
+
+  SourceCache<K, V>& cache() { return cache_; }
+  const SourceCache<K, V>& cache() const { return cache_; }
+  SourceHealth& health() { return health_; }
+  const SourceHealth& health() const { return health_; }
+
+  // Any thread: the next step lists, whatever it was going to do, and
+  // counts a relist for `why`.
+  virtual void RequestRelist(SourceRelist why) = 0;
+
+ protected:
+  CachedDriver(SourceDriverOptions driver, SourceCacheOptions<V> cache,
+               SourceHealthOptions health)
+      : SourceDriver(std::move(driver)),
+        cache_(std::move(cache)),
+        health_(std::move(health)) {}
+  // Tells the health what the cache holds now.
+  void PublishView() {
+    health_.SetView(cache_.InSync(), static_cast<int64_t>(cache_.size()));
+  }
+
+  SourceCache<K, V> cache_;
+  SourceHealth health_;
+};
+
+// Calls `fn(args...)`, turning a throw into kInternal ("<what> threw: ...").
+template <class R, class Fn, class... Args>
+absl::StatusOr<R> CallCatching(const char* what, Fn& fn, Args&&... args) {
+  try {
+    return fn(std::forward<Args>(args)...);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, " threw: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, " threw a non-exception"));
+  }
+}
+
+// The options' errors, for the sources' Validate.
+absl::Status ValidateCommon(const std::string& what, const std::string& name,
+                            absl::Duration list_timeout, int lose_sync_after,
+                            const BackoffOptions& backoff);
+
+// Lists every interval; a failed list backs off and, lose_sync_after in a
+// row, makes the cache lose sync.
+template <class K, class V>
+class PollDriver final : public CachedDriver<K, V> {
+ public:
+  using Map = absl::flat_hash_map<K, V>;
+  using ListFn = absl::AnyInvocable<absl::StatusOr<Map>(const Context&)>;
+
+  PollDriver(ListFn list, PollingSourceOptions<V> options, bool filtered,
+             bool shared);
+  ~PollDriver() override { this->Stop(); }
+
+  void RequestRelist(SourceRelist why) override;
+  PollingSourceStats stats() const;
+  const PollingSourceOptions<V>& options() const { return options_; }
+
+ protected:
+  absl::Status Validate() const override;
+  typename SourceDriver::StepResult Step(const Context& ctx) override;
+
+ private:
+  ListFn list_;
+  const PollingSourceOptions<V> options_;
+  std::atomic<int64_t> changes_posted_{0};
+  Mutex mu_;
+  // A relist was asked for (counted when its list lands).
+  std::optional<SourceRelist> relist_ ABSL_GUARDED_BY(mu_);
+  // Touched only inside Step (one at a time, on whichever thread drives
+  // the source). std::mt19937_64, not absl::BitGen: Debian's prebuilt
+  // Abseil seeds BitGen from a pool ThreadSanitizer reports as racing.
+  std::mt19937_64 jitter_;
+};
+
+}  // namespace source_internal
+
+// A store filled by listing the whole state with `list` every interval.
 template <class K, class V>
 class PollingSource : public Source<K, V> {
  public:
@@ -201,79 +321,62 @@ class PollingSource : public Source<K, V> {
   // Calls Stop().
   ~PollingSource() override { Stop(); }
 
-  // Starts the thread ("sp-source"), which lists at once; in manual mode
-  // starts nothing. kFailedPrecondition if already started; kInvalidArgument
-  // naming the field for bad options (interval <= 0, list_timeout < 0,
-  // lose_sync_after < 1, bad backoff), and then nothing starts.
-  absl::Status Start();
-  // Cancels a list in progress (its context) and joins. Idempotent.
-  void Stop();
+  // Starts listing (the first list at once); in manual mode starts
+  // nothing. kFailedPrecondition if already started, or if the executor
+  // is not running; kInvalidArgument naming the field for bad options
+  // (interval <= 0, list_timeout < 0, lose_sync_after < 1, bad backoff),
+  // and then nothing starts.
+  absl::Status Start() { return driver_.Start(); }
+  // Cancels a list in progress (its context) and waits for it. Idempotent.
+  void Stop() { driver_.Stop(); }
   // Lists again now instead of at the end of the interval (any thread).
-  void Trigger();
+  void Trigger() { driver_.Trigger(); }
 
   // Manual mode, owner thread, between Start() and Stop(): lists once, on
   // the calling thread, if a list is due now on the source's clock (see
   // NextWakeTime), and posts the changes to the store as the thread would.
   // Returns whether it listed; false when not due, not in manual mode, not
   // started or stopped.
-  bool RunUntilIdle();
+  bool RunUntilIdle() { return driver_.RunUntilIdle(); }
   // When the next list is due: absl::InfinitePast() when it is due now (the
   // first list, after Trigger() or a filter change, or once the time came);
   // otherwise the end of the last list plus the interval (after a good list)
   // or the backoff (after a failed one).
-  absl::Time NextWakeTime() const;
+  absl::Time NextWakeTime() const { return driver_.NextWakeTime(); }
+  // Returns once a list that began after the call landed (the store has it
+  // queued on the runner; Snapshot has it): OK, or that list's error. See
+  // SourceDriver::AwaitFresh.
+  absl::Status AwaitFresh(const Context& ctx) {
+    return driver_.AwaitFresh(ctx);
+  }
+  // The last list, within the filter. Any thread.
+  Map Snapshot() const { return driver_.cache().Snapshot(); }
 
   // Any thread.
-  PollingSourceStats stats() const {
-    MutexLock l(&mu_);
-    return stats_;
+  PollingSourceStats stats() const { return driver_.stats(); }
+  SourceStatus status() const { return driver_.health().status(); }
+  const SourceHealth& health() const { return driver_.health(); }
+  int64_t updates_refused() const override {
+    return driver_.cache().updates_refused();
   }
 
  protected:
-  void OnFilterChanged() override { Trigger(); }
-
- private:
-  // The thread: polls whenever a list is due, else waits on the clock.
-  void Loop(std::stop_token stop);
-  // Whoever drives the source (the thread, or the owner in manual mode):
-  // lists once under `background` (each list gets its own timeout), posts
-  // the changes and sets when the next list is due. Returns false when
-  // `background` was cancelled during the list: the result is not used.
-  bool PollOnce(const Context& background);
-  absl::StatusOr<Map> ListOnce(const Context& ctx);
-  bool Equal(const V& a, const V& b) const {
-    return options_.equal ? options_.equal(a, b) : a == b;
+  void OnFilterChanged() override {
+    auto [filter, generation] = this->CurrentFilter();
+    if (driver_.cache().Rescope(sub_, std::move(filter), generation)) {
+      driver_.RequestRelist(SourceRelist::kRange);
+    }
   }
 
-  ListFn list_;
-  PollingSourceOptions<V> options_;
-  Clock* const clock_;
-  mutable Mutex mu_;
-  CondVar cv_;
-  // Trigger() or a filter change: list now.
-  bool triggered_ ABSL_GUARDED_BY(mu_) = false;
-  // When the next list is due, if not triggered; InfinitePast() before the
-  // first.
-  absl::Time next_poll_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  PollingSourceStats stats_ ABSL_GUARDED_BY(mu_);
+ private:
+  static PollingSourceOptions<V> Defaults(Runner* runner,
+                                          PollingSourceOptions<V> o) {
+    if (o.clock == nullptr) o.clock = runner->clock();
+    return o;
+  }
 
-  // The driver's state, touched only by whichever drives the source.
-  ThreadChecker driver_;
-  // The last good list, filtered, under `last_generation_`.
-  Map last_ ABSL_GUARDED_BY(driver_);
-  uint64_t last_generation_ ABSL_GUARDED_BY(driver_) = 0;
-  // `last_` is a complete list under last_generation_.
-  bool have_list_ ABSL_GUARDED_BY(driver_) = false;
-  // The store was told it is out of sync (or never was in sync).
-  bool lost_ ABSL_GUARDED_BY(driver_) = true;
-  // std::mt19937_64, not absl::BitGen: Debian's prebuilt Abseil seeds BitGen
-  // from a pool ThreadSanitizer reports as racing between threads.
-  std::mt19937_64 jitter_ ABSL_GUARDED_BY(driver_);
-
-  std::jthread thread_;
-  // Owner thread only.
-  bool started_ = false;
-  bool stopped_ = false;
+  source_internal::PollDriver<K, V> driver_;
+  const int64_t sub_;
 };
 
 template <class K, class V>
@@ -337,194 +440,136 @@ class PushSource : public Source<K, V> {
 
 // ---------------------------------------------------------------------------
 
+namespace source_internal {
+
+template <class K, class V>
+PollDriver<K, V>::PollDriver(ListFn list, PollingSourceOptions<V> options,
+                             bool filtered, bool shared)
+    : CachedDriver<K, V>(SourceDriverOptions{.name = options.name,
+                                             .clock = options.clock,
+                                             .executor = options.executor,
+                                             .manual = options.manual,
+                                             .logger = options.logger},
+                         SourceCacheOptions<V>{.name = options.name,
+                                               .filtered = filtered,
+                                               .equal = options.equal,
+                                               .logger = options.logger},
+                         SourceHealthOptions{
+                             .name = options.name,
+                             .type = "poll",
+                             .shared = shared,
+                             .clock = options.clock,
+                             .metrics = options.metrics,
+                             .labels = WithLabels(options.metric_labels,
+                                                  {{"source", options.name}})}),
+      list_(std::move(list)),
+      options_(std::move(options)),
+      jitter_(std::random_device{}()) {}
+
+template <class K, class V>
+absl::Status PollDriver<K, V>::Validate() const {
+  if (options_.interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start polling source ", options_.name, ": interval must be > 0, got ",
+        absl::FormatDuration(options_.interval)));
+  }
+  return ValidateCommon("polling source", options_.name, options_.list_timeout,
+                        options_.lose_sync_after, options_.backoff);
+}
+
+template <class K, class V>
+void PollDriver<K, V>::RequestRelist(SourceRelist why) {
+  {
+    MutexLock l(&mu_);
+    relist_ = why;
+  }
+  this->Trigger();
+}
+
+template <class K, class V>
+PollingSourceStats PollDriver<K, V>::stats() const {
+  const SourceStatus s = this->health_.status();
+  return {.lists = s.lists,
+          .list_failures = s.list_failures,
+          .consecutive_failures = s.consecutive_failures,
+          .changes_posted = changes_posted_.load()};
+}
+
+template <class K, class V>
+typename SourceDriver::StepResult PollDriver<K, V>::Step(const Context& ctx) {
+  Clock* clock = this->clock();
+  this->health_.Started();
+  std::optional<SourceRelist> relist;
+  {
+    MutexLock l(&mu_);
+    relist = std::exchange(relist_, std::nullopt);
+  }
+  const uint64_t epoch = this->cache_.epoch();
+  const int64_t seq = this->ListBegins();
+  const Context list_ctx = options_.list_timeout > absl::ZeroDuration()
+                               ? ctx.WithTimeout(options_.list_timeout)
+                               : ctx;
+  const absl::Time began = clock->Now();
+  absl::StatusOr<Map> listed = CallCatching<Map>("list", list_, list_ctx);
+  if (ctx.Cancelled()) {
+    this->ListEnded(seq, absl::CancelledError("source stopped"), false);
+    return {absl::InfiniteFuture(), false};
+  }
+  const absl::Time ended = clock->Now();
+  if (!listed.ok()) {
+    this->health_.ListFailed(listed.status(), ended - began);
+    const int64_t failures = this->health_.status().consecutive_failures;
+    const absl::Duration wait =
+        BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
+                     std::uniform_real_distribution<double>(0, 1)(jitter_));
+    SPDLOG_LOGGER_WARN(this->logger(),
+                       "list failed source={} failures={} retry_in={}: {}",
+                       options_.name, failures, wait, listed.status());
+    if (failures >= options_.lose_sync_after && this->cache_.LoseSync()) {
+      SPDLOG_LOGGER_WARN(this->logger(), "source lost sync source={}",
+                         options_.name);
+    }
+    if (relist.has_value()) {
+      MutexLock l(&mu_);
+      if (!relist_.has_value()) relist_ = relist;  // Counted when it lands.
+    }
+    this->ListEnded(seq, listed.status(), false);
+    this->PublishView();
+    return {ended + wait, true};
+  }
+  const bool was_in_sync = this->cache_.InSync();
+  std::optional<int64_t> changes =
+      this->cache_.Replace(std::move(*listed), epoch);
+  if (!changes.has_value()) {
+    // Listed under a filter that changed meanwhile: the change asked for
+    // another list, due now.
+    this->health_.ListSucceeded(ended - began,
+                                static_cast<int64_t>(this->cache_.size()));
+    this->ListEnded(seq, absl::OkStatus(), false);
+    return {ended, true};
+  }
+  this->health_.ListSucceeded(ended - began,
+                              static_cast<int64_t>(this->cache_.size()));
+  if (relist.has_value()) this->health_.Relisted(*relist);
+  changes_posted_ += *changes;
+  if (!was_in_sync) {
+    SPDLOG_LOGGER_INFO(this->logger(), "source in sync source={} keys={}",
+                       options_.name, this->cache_.size());
+  }
+  this->ListEnded(seq, absl::OkStatus(), true);
+  this->PublishView();
+  return {ended + options_.interval, true};
+}
+
+}  // namespace source_internal
+
 template <class K, class V>
 PollingSource<K, V>::PollingSource(Runner* runner, Store<K, V>* store,
                                    ListFn list, PollingSourceOptions<V> options)
     : Source<K, V>(runner, store, options.logger),
-      list_(std::move(list)),
-      options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : runner->clock()),
-      jitter_(std::random_device{}()) {}
-
-template <class K, class V>
-absl::Status PollingSource<K, V>::Start() {
-  if (started_) {
-    return absl::FailedPreconditionError("start polling source " +
-                                         options_.name + ": already started");
-  }
-  const auto invalid = [this](const std::string& field,
-                              const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start polling source ", options_.name, ": ", field, " ", what));
-  };
-  if (options_.interval <= absl::ZeroDuration()) {
-    return invalid("interval",
-                   absl::StrCat("must be > 0, got ",
-                                absl::FormatDuration(options_.interval)));
-  }
-  if (options_.list_timeout < absl::ZeroDuration()) {
-    return invalid("list_timeout",
-                   absl::StrCat("must be >= 0, got ",
-                                absl::FormatDuration(options_.list_timeout)));
-  }
-  if (options_.lose_sync_after < 1) {
-    return invalid("lose_sync_after", absl::StrCat("must be >= 1, got ",
-                                                   options_.lose_sync_after));
-  }
-  if (absl::Status s = ValidateBackoffOptions(options_.backoff); !s.ok()) {
-    return invalid("backoff", std::string(s.message()));
-  }
-  started_ = true;
-  if (options_.manual) return absl::OkStatus();
-  thread_ = std::jthread([this](std::stop_token stop) {
-    pthread_setname_np(pthread_self(), "sp-source");
-    Loop(stop);
-  });
-  return absl::OkStatus();
-}
-
-template <class K, class V>
-void PollingSource<K, V>::Stop() {
-  if (started_) stopped_ = true;
-  if (!thread_.joinable()) return;
-  thread_.request_stop();
-  {
-    MutexLock l(&mu_);
-    cv_.SignalAll();
-  }
-  thread_.join();
-}
-
-template <class K, class V>
-void PollingSource<K, V>::Trigger() {
-  MutexLock l(&mu_);
-  triggered_ = true;
-  cv_.SignalAll();
-}
-
-template <class K, class V>
-bool PollingSource<K, V>::RunUntilIdle() {
-  if (!options_.manual || !started_ || stopped_) return false;
-  if (NextWakeTime() > clock_->Now()) return false;
-  PollOnce(Context::Background(clock_));
-  return true;
-}
-
-template <class K, class V>
-absl::Time PollingSource<K, V>::NextWakeTime() const {
-  const absl::Time now = clock_->Now();
-  MutexLock l(&mu_);
-  if (triggered_ || next_poll_ <= now) return absl::InfinitePast();
-  return next_poll_;
-}
-
-template <class K, class V>
-absl::StatusOr<absl::flat_hash_map<K, V>> PollingSource<K, V>::ListOnce(
-    const Context& ctx) {
-  try {
-    return list_(ctx);
-  } catch (const std::exception& e) {
-    return absl::InternalError(std::string("list threw: ") + e.what());
-  } catch (...) {
-    return absl::InternalError("list threw a non-exception");
-  }
-}
-
-template <class K, class V>
-void PollingSource<K, V>::Loop(std::stop_token stop) {
-  const Context background(stop, clock_);
-  while (!stop.stop_requested()) {
-    if (!PollOnce(background)) break;
-    MutexLock l(&mu_);
-    clock_->AwaitWithDeadline(
-        &mu_, &cv_, next_poll_, stop,
-        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return triggered_; });
-  }
-}
-
-template <class K, class V>
-bool PollingSource<K, V>::PollOnce(const Context& background) {
-  SETPOINT_DCHECK_THREAD(driver_);
-  using Sync = typename StoreUpdate<K, V>::Sync;
-  {
-    MutexLock l(&mu_);
-    triggered_ = false;
-  }
-  auto [filter, generation] = this->CurrentFilter();
-  Context ctx = options_.list_timeout > absl::ZeroDuration()
-                    ? background.WithTimeout(options_.list_timeout)
-                    : background;
-  absl::StatusOr<Map> listed = ListOnce(ctx);
-  if (background.Cancelled()) return false;
-  absl::Duration wait = options_.interval;
-  if (!listed.ok()) {
-    int64_t failures;
-    {
-      MutexLock l(&mu_);
-      ++stats_.lists;
-      ++stats_.list_failures;
-      failures = ++stats_.consecutive_failures;
-    }
-    wait = BackoffDelay(options_.backoff, static_cast<int>(failures - 1),
-                        std::uniform_real_distribution<double>(0, 1)(jitter_));
-    SPDLOG_LOGGER_WARN(this->logger_,
-                       "list failed source={} failures={} retry_in={}: {}",
-                       options_.name, failures, wait, listed.status());
-    if (!lost_ && failures >= options_.lose_sync_after) {
-      lost_ = true;
-      this->Post({.generation = generation, .sync = Sync::kLostSync},
-                 "polling source lost sync");
-      SPDLOG_LOGGER_WARN(this->logger_, "source lost sync source={}",
-                         options_.name);
-    }
-  } else {
-    Map now;
-    now.reserve(listed->size());
-    for (auto& [key, value] : *listed) {
-      if (!filter || filter(key)) now.emplace(key, std::move(value));
-    }
-    StoreUpdate<K, V> update{.generation = generation};
-    if (!have_list_ || generation != last_generation_) {
-      // First list, or the filter changed: send everything.
-      update.replace = true;
-      update.sets.reserve(now.size());
-      for (const auto& kv : now) update.sets.push_back(kv);
-    } else {
-      for (const auto& [key, value] : now) {
-        auto it = last_.find(key);
-        if (it == last_.end() || !Equal(it->second, value)) {
-          update.sets.emplace_back(key, value);
-        }
-      }
-      for (const auto& [key, value] : last_) {
-        if (!now.contains(key)) update.deletes.push_back(key);
-      }
-    }
-    // A filter change made the store lose sync; the replace restores it.
-    if (lost_ || update.replace) update.sync = Sync::kSynced;
-    int64_t changes =
-        static_cast<int64_t>(update.sets.size() + update.deletes.size());
-    if (changes > 0 || update.replace || lost_) {
-      this->Post(std::move(update), "polling source list");
-    }
-    if (lost_) {
-      SPDLOG_LOGGER_INFO(this->logger_, "source in sync source={} keys={}",
-                         options_.name, now.size());
-    }
-    lost_ = false;
-    last_ = std::move(now);
-    last_generation_ = generation;
-    have_list_ = true;
-    MutexLock l(&mu_);
-    ++stats_.lists;
-    stats_.consecutive_failures = 0;
-    stats_.changes_posted += changes;
-  }
-  const absl::Time ended = clock_->Now();
-  MutexLock l(&mu_);
-  next_poll_ = ended + wait;
-  return true;
-}
+      driver_(std::move(list), Defaults(runner, std::move(options)),
+              /*filtered=*/true, /*shared=*/false),
+      sub_(driver_.cache().Subscribe(runner, store)) {}
 
 }  // namespace setpoint
 

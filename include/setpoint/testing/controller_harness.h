@@ -12,7 +12,10 @@
 //
 // Client calls run on the test's thread: a fake that waits on the clock
 // (API latency) needs a clock with auto_advance, which moves time to the
-// end of the wait at once.
+// end of the wait at once. Watches run here too: a stream's Next gets a
+// deadline of now and must return what it has (the testing kit's
+// FakeWatchWorld does). Two nodes of one pod are two harnesses given one
+// PodSources.
 //
 // Thread safety: one thread (the test's).
 #ifndef SETPOINT_TESTING_CONTROLLER_HARNESS_H_
@@ -27,7 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/metrics.h"
 #include "setpoint/controller/controller.h"
+#include "setpoint/controller/pod_sources.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/shard.h"
 #include "setpoint/testing/simulated_clock.h"
@@ -42,6 +47,15 @@ struct ControllerHarnessOptions {
   NodeInfo node = {.id = "test/node/0", .kind = "node"};
   // Default: 2 s.
   absl::Duration handoff_timeout = absl::Seconds(2);
+  // The pod the node is in: harnesses given the same one share their
+  // shared sources (SharedPoll, SharedWatch) as nodes of one pod do. Each
+  // harness drives the shared sources in its RunUntilIdle, on the test's
+  // thread.
+  // Default: one of its own.
+  std::shared_ptr<PodSources> pod_sources = nullptr;
+  // Where the pieces publish their series.
+  // Default: options.node.metrics, else none.
+  MetricsRegistry* metrics = nullptr;
   // Default: spdlog's default logger.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
@@ -54,6 +68,8 @@ class ControllerHarness {
                     {.handoff_timeout = options.handoff_timeout,
                      .clock = options.clock,
                      .manual = true,
+                     .metrics = options.metrics,
+                     .pod_sources = std::move(options.pod_sources),
                      .logger = options.logger}) {}
 
   // Builds and starts the pieces (a Run), then runs what is due.
