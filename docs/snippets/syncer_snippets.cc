@@ -4,10 +4,13 @@
 // included; edit both together. The types come from the examples/replicas
 // controller.
 
+#include <map>
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -157,5 +160,87 @@ TEST(ContainerSyncerTest, RetriesAndConverges) {
   runner.Stop();
 }
 // clang-format on
+
+// ---- Batch clients -----------------------------------------------------------
+
+struct Record {
+  std::string type;
+  std::string content;
+  bool operator==(const Record&) const = default;
+};
+
+// A zone's API that takes many changes per request (in memory here).
+class ZoneApi {
+ public:
+  struct Change {
+    std::string name;
+    bool remove = false;
+    Record record;
+  };
+  absl::Status Patch(const setpoint::Context&,
+                     const std::vector<Change>& changes) {
+    ++requests;
+    for (const Change& c : changes) {
+      if (c.remove) {
+        zone.erase(c.name);
+      } else {
+        zone[c.name] = c.record;
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::map<std::string, Record> zone;
+  int requests = 0;
+};
+
+// clang-format off
+// Applies many records' changes in one request of the zone's API.
+class ZoneClient
+    : public setpoint::BatchSyncerClient<std::string, Record, Record> {
+ public:
+  explicit ZoneClient(ZoneApi* api) : api_(api) {}
+  absl::Status Apply(
+      const setpoint::Context& ctx,
+      std::span<setpoint::SyncOperation<std::string, Record, Record>> ops)
+      override {
+    std::vector<ZoneApi::Change> changes;
+    for (const auto& op : ops) {
+      changes.push_back({.name = *op.key,
+                         .remove = op.op == setpoint::SyncOp::kDelete,
+                         .record = op.desired != nullptr ? *op.desired
+                                                         : Record{}});
+    }
+    // One request. An error fails every operation of the batch with it;
+    // set op.status instead where the API reports a change of its own.
+    return api_->Patch(ctx, changes);
+  }
+
+ private:
+  ZoneApi* const api_;
+};
+// clang-format on
+
+TEST(ZoneClientTest, OneRequestForManyRecords) {
+  setpoint::Runner runner({.logger = setpoint::testing::NullLogger()});
+  ZoneApi api;
+  ZoneClient client(&api);
+  setpoint::Syncer<std::string, Record, Record> syncer(
+      &runner, &client,
+      {.batch_delay = absl::ZeroDuration(),
+       .manual_updates = true,
+       .logger = setpoint::testing::NullLogger()});
+  syncer.MarkDesiredComplete();
+  ASSERT_TRUE(syncer.Start().ok());
+  for (int i = 0; i < 50; ++i) {
+    syncer.SetDesired("www" + std::to_string(i), {"A", "192.0.2.1"});
+  }
+  runner.RunUntilIdle();
+  syncer.RunUntilIdle();
+  runner.RunUntilIdle();
+  EXPECT_EQ(api.zone.size(), 50u);
+  EXPECT_EQ(api.requests, 1);
+  syncer.Stop();
+  runner.RunUntilIdle();
+}
 
 }  // namespace syncer_snippets
