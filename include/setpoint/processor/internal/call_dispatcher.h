@@ -173,6 +173,8 @@ class CallDispatcher final : private UpdaterPool::Queue {
   void RefuseLocked(DispatchedCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a drain should be requested now (and marks it requested).
   bool WantDrainLocked(bool now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Spins up to 50 us for calls to be queued; true when some are.
+  bool AwaitMoreCalls() const;
   Context SeatContextLocked(Seat* seat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Allowed(const DispatchedCall& call) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
