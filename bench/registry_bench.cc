@@ -69,22 +69,33 @@ constexpr uint32_t kRing = 4096;
 // on every change.
 class Coverage {
  public:
-  void Set(const std::string& node, ShardRange r) {
+  void Set(const std::string& node, const ShardSet& r) {
     std::lock_guard l(mu_);
-    ShardRange old = ranges_[node];
+    ShardSet old = ranges_[node];
     auto now = Clock::now();
-    for (uint32_t s = old.begin; s < old.end; ++s) {
-      if (r.Contains(s)) continue;
-      if (--owners_[s] == 0) unowned_since_[s] = now;
+    const ShardSet lost = old.Minus(r), won = r.Minus(old);
+    for (const ShardRange& run : lost.runs()) {
+      for (uint32_t s = run.begin; s < run.end; ++s) {
+        if (--owners_[s] == 0) unowned_since_[s] = now;
+      }
     }
-    for (uint32_t s = r.begin; s < r.end; ++s) {
-      if (old.Contains(s)) continue;
-      if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
-        max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+    for (const ShardRange& run : won.runs()) {
+      for (uint32_t s = run.begin; s < run.end; ++s) {
+        if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
+          max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+        }
+        ++moved_;
       }
     }
     ranges_[node] = r;
     cv_.notify_all();
+  }
+  // Shards given to a node that did not have them, since the last call.
+  int64_t TakeMoved() {
+    std::lock_guard l(mu_);
+    int64_t n = moved_;
+    moved_ = 0;
+    return n;
   }
   // The longest time a shard went without an owner since the last call
   // (shards that were never owned do not count).
@@ -124,10 +135,11 @@ class Coverage {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, ShardRange> ranges_;
+  std::map<std::string, ShardSet> ranges_;
   int owners_[kRing] = {};
   Clock::time_point unowned_since_[kRing] = {};
   Clock::duration max_gap_ = Clock::duration::zero();
+  int64_t moved_ = 0;
 };
 
 class BenchNode : public Node {

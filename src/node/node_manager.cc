@@ -313,20 +313,14 @@ void NodeManager::Wake(const ChangeNotice& notice) {
     // the view of the last poll); everyone else ignores it.
     for (const auto& [kind, freed] : notice.freed) {
       auto it = wants_.find(kind);
-      if (it == wants_.end()) continue;
-      for (const ShardRange& want : it->second) {
-        for (const ShardRange& f : freed) {
-          if (!want.Intersect(f).Empty()) {
-            // Within the nudge rate limit, like a poll: a flood of such
-            // messages is a bounded number of handoffs.
-            ++stats_.grant_retries;
-            grant_retry_ = true;
-            nudge_arrived_ = true;
-            cv_.SignalAll();
-            return;
-          }
-        }
-      }
+      if (it == wants_.end() || !it->second.Intersects(freed)) continue;
+      // Within the nudge rate limit, like a poll: a flood of such messages
+      // is a bounded number of handoffs.
+      ++stats_.grant_retries;
+      grant_retry_ = true;
+      nudge_arrived_ = true;
+      cv_.SignalAll();
+      return;
     }
     return;
   }
@@ -636,7 +630,7 @@ void NodeManager::Tick() {
       const bool sorted =
           std::adjacent_find(share.begin(), share.end(),
                              std::greater_equal<>()) == share.end();
-      absl::flat_hash_map<std::string, ShardRange> unsorted;
+      absl::flat_hash_map<std::string, ShardSet> unsorted;
       if (!sorted) unsorted = AssignShards(share, ring);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
@@ -644,7 +638,7 @@ void NodeManager::Tick() {
           MutexLock l(&mu_);
           if (!slot->registered) continue;
         }
-        ShardRange target;
+        ShardSet target;
         if (sorted) {
           auto it = std::lower_bound(share.begin(), share.end(), slot->info.id);
           if (it != share.end() && *it == slot->info.id) {
@@ -696,7 +690,7 @@ void NodeManager::Fence(Slot& slot, const char* why) {
 }
 
 std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
-                                                   ShardRange target) {
+                                                   ShardSet target) {
   const std::string& id = slot.info.id;
   auto held_it = view.held.find(id);
   std::optional<Assignment> held;
@@ -711,7 +705,7 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
     if (slot.lease_fenced) return std::nullopt;  // Until a renewal in time.
     active = slot.active;
     failed = slot.failed;
-    if (failed) target = ShardRange{};
+    if (failed) target = ShardSet{};
     // The registry must record exactly what the node works on: its token,
     // and a range that covers it (larger only between a shrink and its
     // release). Anything else (the record expired, someone rewrote it, a
@@ -803,7 +797,9 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     // again, even one announced before our reply comes back.
     MutexLock l(&mu_);
     wants_.clear();
-    for (const auto& g : request.grants) wants_[g.kind].push_back(g.target);
+    for (const auto& g : request.grants) {
+      wants_[g.kind] = wants_[g.kind].Union(g.target);
+    }
   }
   if (batched.empty()) return;
   request.epoch = last_view_->epoch;
@@ -853,14 +849,13 @@ void NodeManager::Apply(std::vector<Move>& moves) {
       }
     }
     if (m->grant.has_value()) {
-      const ShardRange target = *m->grant;
+      const ShardSet target = *m->grant;
       const absl::StatusOr<uint64_t>& token = result->grants[next_grant++];
       if (!absl::IsAborted(token.status())) CountError("grant", token.status());
       MutexLock l(&mu_);
       if (token.ok()) {
-        auto& wants = wants_[slot.info.kind];
-        wants.erase(std::remove(wants.begin(), wants.end(), target),
-                    wants.end());
+        ShardSet& wants = wants_[slot.info.kind];
+        wants = wants.Minus(target);
         view.held[id] = Assignment{target, *token};
         ++stats_.grants;
         SPDLOG_LOGGER_INFO(logger_,
@@ -1434,12 +1429,13 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
     AppendJsonString(&out, r.info.id);
     out += ",\"kind\":";
     AppendJsonString(&out, r.info.kind);
-    absl::StrAppend(&out, ",\"range\":[", r.active.range.begin, ",",
-                    r.active.range.end, "],\"ring_size\":", r.info.ring_size,
-                    ",\"token\":", r.active.token,
-                    ",\"registered\":", r.registered ? "true" : "false",
-                    ",\"running\":", r.running ? "true" : "false",
-                    ",\"restarts\":", r.restarts);
+    absl::StrAppend(
+        &out, ",\"range\":[", r.active.range.Hull().begin, ",",
+        r.active.range.Hull().end, "],\"shards\":", r.active.range.RunsJson(),
+        ",\"ring_size\":", r.info.ring_size, ",\"token\":", r.active.token,
+        ",\"registered\":", r.registered ? "true" : "false",
+        ",\"running\":", r.running ? "true" : "false",
+        ",\"restarts\":", r.restarts);
     NodeReport report;
     r.node->Report(stuck_after, report);
     if (!report.status_json.empty()) {

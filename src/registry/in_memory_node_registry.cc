@@ -89,7 +89,7 @@ absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
                                            const std::string& node_id,
                                            Assignment keep) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
-  const ShardRange range = keep.range;
+  const ShardSet range = keep.range;
   auto refuse = [&](const std::string& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("release node=", node_id, " range=", range.ToString(),
@@ -125,7 +125,7 @@ absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
 absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
                                                      const std::string& kind,
                                                      const std::string& node_id,
-                                                     ShardRange target,
+                                                     ShardSet target,
                                                      const std::string& epoch) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
   if (target.Empty()) {

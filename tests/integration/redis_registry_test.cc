@@ -466,8 +466,7 @@ TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
   // (Late plain notices of the polls above may still arrive.)
   std::vector<ChangeNotice> heard = freed();
   ASSERT_EQ(heard.size(), 1u);
-  EXPECT_THAT(heard[0].freed["vm"],
-              ElementsAre(ShardRange{10, 30}, ShardRange{60, 90}));
+  EXPECT_EQ(heard[0].freed["vm"], ShardSet::Of({{10, 30}, {60, 90}}));
   watcher->RemoveChangeListener(id);
 }
 
@@ -497,8 +496,8 @@ TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
   auto n = redis::ParseChangeNotice("other\tf\tvm\t1-5,7-9\tdb\t0-4", "me");
   ASSERT_TRUE(n.has_value());
   EXPECT_FALSE(n->membership);
-  EXPECT_THAT(n->freed["vm"], ElementsAre(ShardRange{1, 5}, ShardRange{7, 9}));
-  EXPECT_THAT(n->freed["db"], ElementsAre(ShardRange{0, 4}));
+  EXPECT_EQ(n->freed["vm"], ShardSet::Of({{1, 5}, {7, 9}}));
+  EXPECT_EQ(n->freed["db"], ShardSet(0, 4));
   // Anything else, from an older pod or someone else, means look again.
   for (const char* msg :
        {"other", "other\tf", "other\tf\tvm", "other\tf\tvm\t5-1",

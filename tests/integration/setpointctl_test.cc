@@ -207,13 +207,14 @@ TEST_F(SetpointctlTest, StatusShowsEveryNodeAsTheManagersSeeIt) {
                                "\"ring_size_recorded\":true"));
   for (NodeManager* pod : {&a, &b}) {
     for (const NodeState& n : pod->Nodes()) {
-      EXPECT_THAT(
-          j.out,
-          HasSubstr(absl::StrCat(
-              "{\"id\":\"", n.id, "\",\"pod\":\"", pod->pod_id(),
-              "\",\"state\":\"active\",\"range\":[", n.active.range.begin, ",",
-              n.active.range.end, "],\"token\":", n.active.token,
-              ",\"share_percent\":25.000,\"lease_expires_in_ms\":")));
+      EXPECT_THAT(j.out,
+                  HasSubstr(absl::StrCat(
+                      "{\"id\":\"", n.id, "\",\"pod\":\"", pod->pod_id(),
+                      "\",\"state\":\"active\",\"range\":[",
+                      n.active.range.Hull().begin, ",",
+                      n.active.range.Hull().end, "],\"shards\":",
+                      n.active.range.RunsJson(), ",\"token\":", n.active.token,
+                      ",\"share_percent\":25.000,\"lease_expires_in_ms\":")));
     }
   }
   EXPECT_THAT(j.out, HasSubstr("\"unowned\":[],\"unowned_shards\":0}],"

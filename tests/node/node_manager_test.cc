@@ -44,8 +44,8 @@ class OwnershipTracker {
              const Assignment& to) {
     MutexLock l(&mu_);
     ++in_progress_;
-    for (uint32_t s = to.range.begin; s < to.range.end; ++s) {
-      if (from.range.Contains(s)) continue;
+    for (uint32_t s = 0; s < kRing; ++s) {
+      if (!to.range.Contains(s) || from.range.Contains(s)) continue;
       if (!owner_[s].empty() && owner_[s] != node) {
         violations_.push_back(node + " took shard " + std::to_string(s) +
                               " still owned by " + owner_[s]);
@@ -62,7 +62,8 @@ class OwnershipTracker {
            const Assignment& to) {
     MutexLock l(&mu_);
     --in_progress_;
-    for (uint32_t s = from.range.begin; s < from.range.end; ++s) {
+    for (uint32_t s = 0; s < kRing; ++s) {
+      if (!from.range.Contains(s)) continue;
       if (!to.range.Contains(s) && owner_[s] == node) owner_[s].clear();
     }
   }
@@ -437,7 +438,8 @@ TEST_F(NodeManagerTest, RecordThatDiffersFromWhatTheNodeHoldsStopsItAtOnce) {
   n = a.Nodes()[0];
   registry_.OverwriteHeld(
       "vm", n.id,
-      {{n.active.range.begin, n.active.range.begin + 1}, n.active.token});
+      {ShardRange{n.active.range.Hull().begin, n.active.range.Hull().begin + 1},
+       n.active.token});
   ASSERT_TRUE(AdvanceUntil([&] { return a.stats().fences == 2; }));
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
 }

@@ -254,12 +254,12 @@ class NodeManager {
     Slot* slot = nullptr;
     KindView* view = nullptr;
     std::optional<Assignment> release;  // What the node keeps.
-    std::optional<ShardRange> grant;    // After the release, if any.
+    std::optional<ShardSet> grant;      // After the release, if any.
     bool deregister = false;            // A failed node leaves.
   };
   // One node's next move: queues its shrinks itself, returns what needs
   // the registry.
-  std::optional<Move> Step(Slot& slot, KindView& view, ShardRange target);
+  std::optional<Move> Step(Slot& slot, KindView& view, ShardSet target);
   // Sends the moves' releases and grants in one Handoff (deregistrations
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
@@ -339,12 +339,12 @@ class NodeManager {
   absl::Time grants_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Kind -> targets of the grants sent in the last handoff and not
   // granted: a notice that frees any of their shards makes us ask again.
-  std::map<std::string, std::vector<ShardRange>> wants_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardSet> wants_ ABSL_GUARDED_BY(mu_);
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;
   std::optional<PollResult> last_view_;
-  std::map<std::string, std::map<std::string, ShardRange>> last_targets_;
+  std::map<std::string, std::map<std::string, ShardSet>> last_targets_;
   // The loop is blocked until wait_until_ (for Idle()).
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time wait_until_ ABSL_GUARDED_BY(mu_);

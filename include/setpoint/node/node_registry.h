@@ -108,7 +108,7 @@ struct HandoffRequest {
   struct GrantOp {
     std::string kind;
     std::string node_id;
-    ShardRange target;
+    ShardSet target;
   };
   // Applied first, in order, each exactly as Release would.
   std::vector<ReleaseOp> releases = {};
@@ -134,7 +134,7 @@ struct ChangeNotice {
   // When not `membership`: only releases happened, and these shards (per
   // kind) became free. A pod that waits to grow into none of them has
   // nothing new to try.
-  std::map<std::string, std::vector<ShardRange>> freed;
+  std::map<std::string, ShardSet> freed;
 };
 
 // One node as the registry records it (Describe).
@@ -234,7 +234,7 @@ class NodeRegistry {
   virtual absl::StatusOr<uint64_t> Grant(const Context& ctx,
                                          const std::string& kind,
                                          const std::string& node_id,
-                                         ShardRange target,
+                                         ShardSet target,
                                          const std::string& epoch) = 0;
 
   // Runs the request's releases, then its grants, each with the result

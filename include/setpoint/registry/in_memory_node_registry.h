@@ -47,7 +47,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
   absl::Status Release(const Context& ctx, const std::string& kind,
                        const std::string& node_id, Assignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id, ShardRange target,
+                                 const std::string& node_id, ShardSet target,
                                  const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;

@@ -955,8 +955,9 @@ absl::Status RedisNodeRegistry::Release(const Context& ctx,
   absl::StatusOr<RedisReply> reply = d.Eval(
       ctx, d.release,
       {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version")},
-      {node_id, absl::StrCat(keep.range.begin), absl::StrCat(keep.range.end),
-       absl::StrCat(keep.token), d.channel, d.instance},
+      {node_id, absl::StrCat(keep.range.Hull().begin),
+       absl::StrCat(keep.range.Hull().end), absl::StrCat(keep.token), d.channel,
+       d.instance},
       absl::StrCat("release node=", node_id, " range=", keep.range.ToString(),
                    " token=", keep.token));
   return reply.status();
@@ -965,13 +966,18 @@ absl::Status RedisNodeRegistry::Release(const Context& ctx,
 absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
                                                   const std::string& kind,
                                                   const std::string& node_id,
-                                                  ShardRange target,
+                                                  ShardSet set,
                                                   const std::string& epoch) {
   const std::string what =
-      absl::StrCat("grant node=", node_id, " range=", target.ToString());
-  if (target.Empty()) {
+      absl::StrCat("grant node=", node_id, " range=", set.ToString());
+  if (set.Empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": empty range"));
   }
+  if (set.runs().size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": more than one run"));
+  }
+  const ShardRange target = set.Hull();
   Impl& d = *impl_;
   absl::StatusOr<RedisReply> reply =
       d.Eval(ctx, d.grant,
@@ -1006,10 +1012,10 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
   }
   for (size_t i = 0; i < request.grants.size(); ++i) {
     const HandoffRequest::GrantOp& g = request.grants[i];
-    if (g.target.Empty()) {
+    if (g.target.runs().size() != 1) {
       out.grants[i] = absl::InvalidArgumentError(
           absl::StrCat("grant node=", g.node_id, " range=", g.target.ToString(),
-                       ": empty range"));
+                       ": empty or more than one run"));
       continue;
     }
     by_kind[g.kind].grants.push_back(i);
@@ -1029,15 +1035,15 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
       Assignment keep = request.releases[i].keep;
       if (keep.range.Empty()) keep = Assignment{};
       args.push_back(request.releases[i].node_id);
-      args.push_back(absl::StrCat(keep.range.begin));
-      args.push_back(absl::StrCat(keep.range.end));
+      args.push_back(absl::StrCat(keep.range.Hull().begin));
+      args.push_back(absl::StrCat(keep.range.Hull().end));
       args.push_back(absl::StrCat(keep.token));
     }
     args.push_back(absl::StrCat(ops.grants.size()));
     for (size_t i : ops.grants) {
       args.push_back(request.grants[i].node_id);
-      args.push_back(absl::StrCat(request.grants[i].target.begin));
-      args.push_back(absl::StrCat(request.grants[i].target.end));
+      args.push_back(absl::StrCat(request.grants[i].target.Hull().begin));
+      args.push_back(absl::StrCat(request.grants[i].target.Hull().end));
     }
   }
   absl::StatusOr<RedisReply> reply =

@@ -431,7 +431,7 @@ std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
     return notice;
   }
   for (size_t i = 2; i + 1 < parts.size(); i += 2) {
-    std::vector<ShardRange>& ranges = notice.freed[std::string(parts[i])];
+    std::vector<ShardRange> ranges;
     for (absl::string_view r : absl::StrSplit(parts[i + 1], ',')) {
       std::pair<absl::string_view, absl::string_view> be =
           absl::StrSplit(r, absl::MaxSplits('-', 1));
@@ -442,6 +442,8 @@ std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
       }
       ranges.push_back(ShardRange{b, e});
     }
+    ShardSet& freed = notice.freed[std::string(parts[i])];
+    freed = freed.Union(ShardSet::Of(std::move(ranges)));
   }
   notice.membership = false;
   return notice;
