@@ -475,7 +475,7 @@ void NodeManager::Tick() {
   SelfFence();
   PollRequest request{.lease = options_.lease,
                       .min_version = max_version_,
-                      .own_held_only = true};
+                      .own_held_only = false};
   bool poll;
   {
     MutexLock l(&mu_);
@@ -617,21 +617,11 @@ void NodeManager::Tick() {
       for (const auto& k : options_.kinds) {
         if (k.kind == kind) ring = k.ring_size;
       }
-      // Each node's target as AssignShards gives it: the even split over
-      // the sorted ids that share the ring, found by the node's position
-      // (the view's members are sorted and unique), without building the
-      // whole map for a fleet of a thousand nodes.
-      std::vector<std::string> drained_out;
-      if (!last_view_->drained.empty()) {
-        drained_out = ShareMembers(view.members, last_view_->drained);
-      }
-      const std::vector<std::string>& share =
-          last_view_->drained.empty() ? view.members : drained_out;
-      const bool sorted =
-          std::adjacent_find(share.begin(), share.end(),
-                             std::greater_equal<>()) == share.end();
-      absl::flat_hash_map<std::string, ShardSet> unsorted;
-      if (!sorted) unsorted = AssignShards(share, ring);
+      // Each node's target as AssignShards gives it over the ids that
+      // share the ring and what every live member holds: every pod that
+      // saw the same state computes the same targets.
+      const absl::flat_hash_map<std::string, ShardSet> targets =
+          KindTargets(view, last_view_->drained, ring);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
         {
@@ -639,14 +629,7 @@ void NodeManager::Tick() {
           if (!slot->registered) continue;
         }
         ShardSet target;
-        if (sorted) {
-          auto it = std::lower_bound(share.begin(), share.end(), slot->info.id);
-          if (it != share.end() && *it == slot->info.id) {
-            target = SplitRing(ring, static_cast<uint32_t>(share.size()),
-                               static_cast<uint32_t>(it - share.begin()));
-          }
-        } else if (auto it = unsorted.find(slot->info.id);
-                   it != unsorted.end()) {
+        if (auto it = targets.find(slot->info.id); it != targets.end()) {
           target = it->second;
         }
         last_targets_[kind][slot->info.id] = target;

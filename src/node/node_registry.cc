@@ -19,6 +19,14 @@ std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
   return out;
 }
 
+absl::flat_hash_map<std::string, ShardSet> KindTargets(
+    const KindView& view, const std::set<std::string>& drained,
+    uint32_t ring_size) {
+  std::map<std::string, ShardSet> held;
+  for (const auto& [id, a] : view.held) held.emplace(id, a.range);
+  return AssignShards(ShareMembers(view.members, drained), ring_size, held);
+}
+
 absl::Status ValidatePodId(std::string_view pod_id) {
   if (pod_id.empty()) {
     return absl::InvalidArgumentError("pod id must not be empty");

@@ -490,6 +490,56 @@ TEST_F(RedisRegistryTest, OwnHeldOnlyLeavesOutOthersRecords) {
   EXPECT_EQ(all->kinds["vm"].held.size(), 2u);
 }
 
+TEST(RedisHeldCodecTest, ReadsOneOrMoreRunsInOneSpellingOnly) {
+  absl::StatusOr<Assignment> one = redis::ParseHeld("0 1024 17");
+  ASSERT_THAT(one.status(), IsOk());
+  EXPECT_EQ(one->range, ShardSet(0, 1024));
+  EXPECT_EQ(one->token, 17u);
+  absl::StatusOr<Assignment> more = redis::ParseHeld("0 4 9 12 30 31 5");
+  ASSERT_THAT(more.status(), IsOk());
+  EXPECT_EQ(more->range, ShardSet::Of({{0, 4}, {9, 12}, {30, 31}}));
+  EXPECT_EQ(more->token, 5u);
+  EXPECT_EQ(redis::FormatHeld(*more), "0 4 9 12 30 31 5");
+  EXPECT_EQ(redis::RunsArg(ShardSet()), "");
+  for (const char* bad :
+       {"", "0 4", "4 0 1", "0 4 4 8 1", "0 4 2 8 1", "9 12 0 4 1", "0 4 9 1",
+        "00 4 1", "0  4 1", "0 4 1 ", "0 4294967296 1",
+        "0 4 18446744073709551616", "a b c"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(redis::ParseHeld(bad).status())) << bad;
+  }
+}
+
+TEST_F(RedisRegistryTest, GrantsAndReleasesSeveralRuns) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  const ShardSet a_runs = ShardSet::Of({{0, 10}, {20, 30}});
+  absl::StatusOr<uint64_t> t = r->Grant(ctx_, "vm", "a/vm/0", a_runs, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  // Between a's runs is free; any shard of them is not.
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", ShardSet(10, 20), epoch_).status(),
+              IsOk());
+  EXPECT_THAT(
+      r->Grant(ctx_, "vm", "b/vm/0", ShardSet::Of({{10, 20}, {29, 40}}), epoch_)
+          .status(),
+      StatusIs(absl::StatusCode::kAborted));
+  // Keeping a part of each run, then more than is recorded.
+  EXPECT_THAT(
+      r->Release(ctx_, "vm", "a/vm/0", {ShardSet::Of({{0, 5}, {25, 30}}), *t}),
+      IsOk());
+  EXPECT_THAT(r->Release(ctx_, "vm", "a/vm/0", {ShardSet(0, 10), *t}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  absl::StatusOr<PollResult> after = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(after.status(), IsOk());
+  EXPECT_EQ(after->kinds["vm"].held["a/vm/0"].range,
+            ShardSet::Of({{0, 5}, {25, 30}}));
+  EXPECT_EQ(after->kinds["vm"].held["a/vm/0"].token, *t);
+  EXPECT_EQ(Raw(server_.address(),
+                {"HGET", "{setpoint:default}:kind:vm:held", "a/vm/0"})
+                .str,
+            absl::StrCat("0 5 25 30 ", *t));
+}
+
 TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
   EXPECT_EQ(redis::ParseChangeNotice("me", "me"), std::nullopt);
   EXPECT_EQ(redis::ParseChangeNotice("me\tf\tvm\t1-2", "me"), std::nullopt);

@@ -165,7 +165,7 @@ std::string Row(const NodeState& n, const std::string& pod,
                 const std::string& state, const std::string& share) {
   return absl::StrCat(n.id, " +", pod, " +", state, " +",
                       std::regex_replace(n.active.range.ToString(),
-                                         std::regex(R"([\[\)])"), R"(\$&)"),
+                                         std::regex(R"([\[\)+])"), R"(\$&)"),
                       " +", share, "% +", n.active.token, " +[0-9.]+m?s");
 }
 

@@ -614,7 +614,8 @@ TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
   faulty_.AnnounceFreed("vm", {{0, kRing}}, 10000);
   Settle();
   for (int i = 0; i < 50; ++i) {  // One at a time, each looked at alone.
-    faulty_.AnnounceFreed("vm", {{0, 1}}, 1);
+    // (The last shard: x keeps the lowest third of the ring, its share.)
+    faulty_.AnnounceFreed("vm", {{kRing - 1, kRing}}, 1);
     Settle();
   }
   // Heard every one, asked again only within the nudge burst (4), two

@@ -345,6 +345,7 @@ TEST(AssignShardsTest, ARollingRestartMovesTwoSharesPerPod) {
   }
   std::map<std::string, ShardSet> held = AsHeld(AssignShards(ids, ring));
   uint32_t max_moved = 0, max_even = 0;
+  size_t max_runs = 0;
   for (int p = 0; p < 100; ++p) {
     auto before = held;
     for (const std::string& id : pod(absl::StrCat("p", p))) {
@@ -363,6 +364,9 @@ TEST(AssignShardsTest, ARollingRestartMovesTwoSharesPerPod) {
       moved += it == before.end() ? set.size() : set.Minus(it->second).size();
     }
     max_moved = std::max(max_moved, moved);
+    for (const auto& [id, set] : held) {
+      max_runs = std::max(max_runs, set.runs().size());
+    }
     auto even = AssignShards(ids, ring);
     uint32_t even_moved = 0;
     auto even_before = AsHeld(AssignShards(

@@ -164,19 +164,47 @@ absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
 }
 
 absl::StatusOr<Assignment> ParseHeld(absl::string_view text) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "held value ", Quote(text),
+        " is not \"<begin> <end> [<begin> <end> ...] <token>\" with sorted, "
+        "non-empty, separate runs"));
+  };
+  if (text.size() > 100000) return bad();
   std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
+  if (parts.size() < 3 || parts.size() % 2 == 0) return bad();
   Assignment a;
-  uint64_t begin = 0, end = 0;
-  if (parts.size() != 3 || !ParseDecimal(parts[0], &begin) ||
-      !ParseDecimal(parts[1], &end) || !ParseDecimal(parts[2], &a.token) ||
-      begin >= end || end > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("held value ", Quote(text),
-                     " is not \"<begin> <end> <token>\" with begin < end"));
+  if (!ParseDecimal(parts.back(), &a.token)) return bad();
+  std::vector<ShardRange> runs;
+  uint64_t last = 0;
+  for (size_t i = 0; i + 1 < parts.size(); i += 2) {
+    uint64_t begin = 0, end = 0;
+    if (!ParseDecimal(parts[i], &begin) || !ParseDecimal(parts[i + 1], &end) ||
+        begin >= end || end > std::numeric_limits<uint32_t>::max() ||
+        (i > 0 && begin <= last)) {
+      return bad();
+    }
+    runs.push_back(
+        ShardRange{static_cast<uint32_t>(begin), static_cast<uint32_t>(end)});
+    last = end;
   }
-  a.range =
-      ShardRange{static_cast<uint32_t>(begin), static_cast<uint32_t>(end)};
+  a.range = ShardSet::Of(std::move(runs));
+  // Only the one spelling (no leading zeros, single spaces): what the
+  // scripts compare as text is what this accepts.
+  if (FormatHeld(a) != text) return bad();
   return a;
+}
+
+std::string RunsArg(const ShardSet& shards) {
+  std::string out;
+  for (const ShardRange& r : shards.runs()) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", r.begin, " ", r.end);
+  }
+  return out;
+}
+
+std::string FormatHeld(const Assignment& a) {
+  return absl::StrCat(RunsArg(a.range), " ", a.token);
 }
 
 absl::StatusOr<DecodedPoll> DecodePollReply(
