@@ -475,6 +475,7 @@ void NodeManager::Tick() {
   SelfFence();
   PollRequest request{.lease = options_.lease,
                       .min_version = max_version_,
+                      .min_tokens = max_tokens_,
                       .own_held_only = false};
   bool poll;
   {
@@ -611,6 +612,10 @@ void NodeManager::Tick() {
   if (result.ok()) {
     last_view_ = std::move(*result);
     last_targets_.clear();
+    for (const auto& [kind, view] : last_view_->kinds) {
+      uint64_t& seen = max_tokens_[kind];
+      for (const auto& [id, a] : view.held) seen = std::max(seen, a.token);
+    }
     std::vector<Move> moves;
     for (auto& [kind, view] : last_view_->kinds) {
       uint32_t ring = kDefaultRingSize;
@@ -839,6 +844,8 @@ void NodeManager::Apply(std::vector<Move>& moves) {
       if (token.ok()) {
         ShardSet& wants = wants_[slot.info.kind];
         wants = wants.Minus(target);
+        max_tokens_[slot.info.kind] =
+            std::max(max_tokens_[slot.info.kind], *token);
         view.held[id] = Assignment{target, *token};
         ++stats_.grants;
         SPDLOG_LOGGER_INFO(logger_,

@@ -51,6 +51,10 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
     }
     for (const auto& [name, ids] : request.kinds) {
       Kind& kind = kinds_[name];
+      if (auto t = request.min_tokens.find(name);
+          t != request.min_tokens.end()) {
+        kind.last_token = std::max(kind.last_token, t->second);
+      }
       if (auto ring = request.ring_sizes.find(name);
           ring != request.ring_sizes.end()) {
         kind.ring_size = ring->second;
@@ -290,6 +294,15 @@ void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
     restarted_ = true;
   }
   Changed();
+}
+
+void InMemoryNodeRegistry::FailOverTo(const Snapshot& snapshot) {
+  Restore(snapshot);
+  MutexLock l(&mu_);
+  token_floor_ = 0;
+  for (const auto& [name, kind] : snapshot.kinds) {
+    token_floor_ = std::max(token_floor_, kind.last_token);
+  }
 }
 
 void InMemoryNodeRegistry::OverwriteHeld(const std::string& kind,

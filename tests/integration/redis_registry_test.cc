@@ -197,6 +197,62 @@ void AllowGrants(const std::string& address, RedisNodeRegistry& r) {
   Raw(address, {"SET", r.prefix() + ":grants_from", "0"});
 }
 
+TEST_F(RedisRegistryTest, FailoverToALaggingReplicaWithItsClockBehind) {
+  // Before: a holds everything under token t. The grants were made on a
+  // primary whose clock was 10 s ahead of the replica's, so t is 10 s of
+  // microseconds past the replica's clock floor. The replica lacks the last
+  // grants (its counter is back at 1) and has a member whose leave it
+  // lost, with a lease that looks 10 s + a lease away on its clock.
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  auto t = r->Grant(ctx_, "vm", "a/vm/0", {0, 32}, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  const uint64_t ahead = *t + 10'000'000;
+  const std::string p = r->prefix();
+  Raw(server_.address(),
+      {"HSET", p + ":kind:vm:held", "a/vm/0", absl::StrCat("0 32 ", ahead)});
+  Raw(server_.address(), {"SET", p + ":kind:vm:token", "1"});
+  redis::RedisReply now = Raw(server_.address(), {"TIME"});
+  ASSERT_EQ(now.elements.size(), 2u);
+  int64_t now_ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(now.elements[0].str, &now_ms));
+  now_ms *= 1000;
+  Raw(server_.address(), {"ZADD", p + ":kind:vm:members",
+                          absl::StrCat(now_ms + 13'000), "gone/vm/0"});
+  Raw(server_.address(), {"HSET", p + ":kind:vm:held", "gone/vm/0", "32 64 5"});
+  // The failover: another server run.
+  Raw(server_.address(), {"SET", p + ":run", "0000"});
+  // a's pod polls the new primary, reporting the highest token it saw.
+  const absl::Duration lease = absl::Milliseconds(300);
+  auto v = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}},
+                          .lease = lease,
+                          .min_version = version_,
+                          .min_tokens = {{"vm", ahead}}});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_NE(v->epoch, epoch_) << "a failover starts a new epoch";
+  EXPECT_EQ(Raw(server_.address(), {"GET", p + ":kind:vm:token"}).str,
+            absl::StrCat(ahead));
+  // The lost member's lease ends with the new epoch's grace, not 13 s on.
+  redis::RedisReply score =
+      Raw(server_.address(), {"ZSCORE", p + ":kind:vm:members", "gone/vm/0"});
+  int64_t gone_until = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(score.str, &gone_until)) << score.str;
+  EXPECT_LE(gone_until, now_ms + 2'000) << "clamped to one lease";
+  // After the grace: the lost member is gone with its shards, and the
+  // next grant is larger than every token before the failover.
+  absl::StatusOr<uint64_t> next;
+  ASSERT_TRUE(AwaitCondition(
+      [&] {
+        auto w = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}}, .lease = lease});
+        if (!w.ok()) return false;
+        next = r->Grant(ctx_, "vm", "a/vm/0", {0, 64}, w->epoch);
+        return next.ok();
+      },
+      absl::Seconds(10)));
+  EXPECT_GT(*next, ahead);
+}
+
 TEST_F(RedisRegistryTest, RestartFromAnOlderSnapshotStartsANewEpoch) {
   auto r = Registry(server_.address());
   auto first = Poll(*r, {"a/vm/0", "b/vm/0"});

@@ -569,6 +569,34 @@ TEST_F(NodeManagerTest, RestoredOlderSnapshotFencesEveryoneForOneLease) {
       << "no grant for one lease after the restart";
 }
 
+TEST_F(NodeManagerTest, TokensNeverGoBackAfterAFailoverThatLostGrants) {
+  // A failover to a replica that lacks b's join and every grant since,
+  // token counter included (no clock floor either, as with a primary whose
+  // clock is behind): the pods report the highest tokens they hold or saw,
+  // so every grant after it is larger (the tracker checks every shard's
+  // tokens grow, at teardown).
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  InMemoryNodeRegistry::Snapshot old = registry_.TakeSnapshot();
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  uint64_t highest = 0;
+  for (NodeManager* m : {&a, &b}) {
+    for (const NodeState& n : m->Nodes()) {
+      highest = std::max(highest, n.active.token);
+    }
+  }
+  registry_.FailOverTo(old);
+  ASSERT_TRUE(AdvanceUntil([&] {
+    return a.stats().epoch_changes >= 1 && b.stats().epoch_changes >= 1;
+  }));
+  ASSERT_TRUE(AdvanceUntil([&] { return AllEmpty(a) && AllEmpty(b); }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  for (NodeManager* m : {&a, &b}) {
+    for (const NodeState& n : m->Nodes()) EXPECT_GT(n.active.token, highest);
+  }
+}
+
 TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
   NodeManager& a = StartPod("a", &faulty_);
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));

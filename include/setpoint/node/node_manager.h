@@ -343,6 +343,9 @@ class NodeManager {
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;
+  // Kind -> the highest token seen in a poll or granted to our nodes
+  // (PollRequest::min_tokens).
+  std::map<std::string, uint64_t> max_tokens_;
   std::optional<PollResult> last_view_;
   std::map<std::string, std::map<std::string, ShardSet>> last_targets_;
   // The loop is blocked until wait_until_ (for Idle()).

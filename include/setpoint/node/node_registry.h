@@ -57,6 +57,11 @@ struct PollRequest {
   // whose state is older than that went back in time (a restore from an
   // older snapshot, a failover that lost writes): it starts a new epoch.
   uint64_t min_version = 0;
+  // Kind -> the highest token this pod holds or has seen in the kind (0 or
+  // missing: none). The registry's next grants in the kind are larger,
+  // whatever it lost (a failover to a replica that lacks the last grants,
+  // a restart from an older snapshot) and whatever its clock says.
+  std::map<std::string, uint64_t> min_tokens = {};
   // Return in KindView::held only the records of the nodes named in
   // `kinds` (what a NodeManager reads: it checks its own records, and the
   // registry checks everyone else's at each grant). Less to send and read

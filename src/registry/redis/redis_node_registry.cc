@@ -164,11 +164,11 @@ local function parse_gf(gfs)
 end
 )lua";
 
-// KEYS: epoch, grants_from, run, version, drained, kinds, then members,
-// held, token per kind.
+// KEYS: epoch, grants_from, run, version, drained, kinds, clamped (kind ->
+// the epoch whose leases were clamped), then members, held, token per kind.
 // ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
 // own held only ('1': the held records of the given ids only), then per
-// kind: kind, ring size ('' for none), n, ids...
+// kind: kind, ring size ('' for none), min token ('' for none), n, ids...
 // Starts a new epoch when the state is missing, was written under another
 // server run (a restart or failover: it may be an older snapshot) or is
 // older than a version the caller saw; renews the given members, expires
@@ -187,11 +187,12 @@ for i = 1, 4 do
   if e then return redis.error_reply(e) end
 end
 do
-  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash')
+  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash') or
+            wrong_type(KEYS[7], 'hash')
   if e then return redis.error_reply(e) end
 end
 for k = 1, nkinds do
-  local b = 6 + 3 * (k - 1)
+  local b = 7 + 3 * (k - 1)
   local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
             wrong_type(KEYS[b + 3], 'string')
   if e then return redis.error_reply(e) end
@@ -249,12 +250,32 @@ local own_only = ARGV[7] == '1'
 local ai = 8
 local horizon = now + 2 * lease
 for k = 1, nkinds do
-  local b = 6 + 3 * (k - 1)
+  local b = 7 + 3 * (k - 1)
   local members, held = KEYS[b + 1], KEYS[b + 2]
   local kind = ARGV[ai]
   local ring = ARGV[ai + 1]
-  local n = tonumber(ARGV[ai + 2])
-  ai = ai + 3
+  local min_token = ARGV[ai + 2]
+  local n = tonumber(ARGV[ai + 3])
+  ai = ai + 4
+  -- Tokens never go back: the counter is at least the highest token a pod
+  -- holds or has seen (a failover may have lost the grants that raised it,
+  -- and the new primary's clock may be behind).
+  if dec_ok(min_token) then
+    local tok = redis.call('GET', KEYS[b + 3]) or '0'
+    if dec_lt(tok, min_token) then redis.call('SET', KEYS[b + 3], min_token) end
+  end
+  -- Once per epoch and kind: no lease ends later than one lease from now.
+  -- Members restored from an older state (lost in a failover's lag, on a
+  -- primary whose clock is behind) then expire at the end of the epoch's
+  -- grace, with what they hold, instead of blocking it for longer.
+  if redis.call('HGET', KEYS[7], kind) ~= epoch then
+    local far = redis.call('ZRANGEBYSCORE', members, '(' .. num(now + lease),
+                           '+inf')
+    for _, id in ipairs(far) do
+      redis.call('ZADD', members, num(now + lease), id)
+    end
+    redis.call('HSET', KEYS[7], kind, epoch)
+  end
   if ring ~= '' then
     if redis.call('HGET', KEYS[6], kind) ~= ring then
       redis.call('HSET', KEYS[6], kind, ring)
@@ -968,9 +989,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                      absl::FormatDuration(request.lease)));
   }
   Impl& d = *impl_;
-  std::vector<std::string> keys = {d.Key("epoch"),   d.Key("grants_from"),
-                                   d.Key("run"),     d.Key("version"),
-                                   d.Key("drained"), d.Key("kinds")};
+  std::vector<std::string> keys = {
+      d.Key("epoch"),   d.Key("grants_from"), d.Key("run"),    d.Key("version"),
+      d.Key("drained"), d.Key("kinds"),       d.Key("clamped")};
   std::vector<std::string> args = {
       // A new id each time: the one written when a new epoch starts must
       // differ from every epoch anyone saw before.
@@ -992,6 +1013,10 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
     args.push_back(ring == request.ring_sizes.end()
                        ? std::string()
                        : absl::StrCat(ring->second));
+    auto token = request.min_tokens.find(kind);
+    args.push_back(token == request.min_tokens.end()
+                       ? std::string()
+                       : absl::StrCat(token->second));
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
