@@ -326,6 +326,7 @@ void NodeManager::Wake(const ChangeNotice& notice) {
   }
   ++stats_.nudges;
   nudged_ = true;
+  refusal_polled_ = false;
   nudge_arrived_ = true;
   cv_.SignalAll();
 }
@@ -610,6 +611,9 @@ void NodeManager::Tick() {
     options_.on_lease_renewed(*report);
   }
   if (result.ok()) {
+    std::optional<PollResult> previous = std::move(last_view_);
+    std::map<std::string, std::map<std::string, ShardSet>> previous_targets =
+        std::move(last_targets_);
     last_view_ = std::move(*result);
     last_targets_.clear();
     for (const auto& [kind, view] : last_view_->kinds) {
@@ -625,8 +629,22 @@ void NodeManager::Tick() {
       // Each node's target as AssignShards gives it over the ids that
       // share the ring and what every live member holds: every pod that
       // saw the same state computes the same targets.
-      const absl::flat_hash_map<std::string, ShardSet> targets =
-          KindTargets(view, last_view_->drained, ring);
+      // Nothing changed since the last poll (the steady state): the same
+      // targets, without computing them for the whole fleet again.
+      auto was = previous.has_value() ? previous->kinds.find(kind)
+                                      : decltype(previous->kinds.end()){};
+      auto was_targets = previous_targets.find(kind);
+      const bool same = previous.has_value() && was != previous->kinds.end() &&
+                        was_targets != previous_targets.end() &&
+                        previous->drained == last_view_->drained &&
+                        was->second.members == view.members &&
+                        was->second.held == view.held;
+      std::vector<std::string> own;
+      for (const auto& slot : slots_) {
+        if (slot->info.kind == kind) own.push_back(slot->info.id);
+      }
+      absl::flat_hash_map<std::string, ShardSet> targets;
+      if (!same) targets = KindTargets(view, last_view_->drained, ring, own);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
         {
@@ -634,8 +652,18 @@ void NodeManager::Tick() {
           if (!slot->registered) continue;
         }
         ShardSet target;
-        if (auto it = targets.find(slot->info.id); it != targets.end()) {
-          target = it->second;
+        if (same) {
+          if (auto it = was_targets->second.find(slot->info.id);
+              it != was_targets->second.end()) {
+            target = it->second;
+          } else {
+            targets = KindTargets(view, last_view_->drained, ring, own);
+          }
+        }
+        if (!same || !targets.empty()) {
+          if (auto it = targets.find(slot->info.id); it != targets.end()) {
+            target = it->second;
+          }
         }
         last_targets_[kind][slot->info.id] = target;
         if (auto m = Step(*slot, view, target)) moves.push_back(*m);
@@ -848,12 +876,23 @@ void NodeManager::Apply(std::vector<Move>& moves) {
             std::max(max_tokens_[slot.info.kind], *token);
         view.held[id] = Assignment{target, *token};
         ++stats_.grants;
+        refusal_polled_ = false;
         SPDLOG_LOGGER_INFO(logger_,
                            "shard range granted node={} range={} token={}", id,
                            target, *token);
         Deliver(slot, Assignment{target, *token});
       } else if (absl::IsAborted(token.status())) {
         ++stats_.grant_conflicts;
+        // Grants are open as far as we know, so our view of who holds what
+        // may be behind (targets follow what everyone holds): look again
+        // soon, within the nudge rate limit, unless a release frees the
+        // shards first.
+        // Once per streak of refusals: a grant that keeps waiting (for a
+        // node that does not let go) costs no more polls than the interval.
+        if (clock_->Now() >= grants_at_ && !refusal_polled_) {
+          refusal_polled_ = true;
+          nudged_ = true;
+        }
         SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
                             token.status());
       } else {

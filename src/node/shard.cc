@@ -177,8 +177,24 @@ absl::flat_hash_map<std::string, ShardSet> AssignShards(
     const std::map<std::string, ShardSet>& held) {
   std::sort(node_ids.begin(), node_ids.end());
   node_ids.erase(std::unique(node_ids.begin(), node_ids.end()), node_ids.end());
+  std::vector<const ShardSet*> holds(node_ids.size(), nullptr);
+  for (size_t i = 0; i < node_ids.size(); ++i) {
+    if (auto it = held.find(node_ids[i]); it != held.end()) {
+      holds[i] = &it->second;
+    }
+  }
+  std::vector<ShardSet> shares = AssignSortedShards(holds, ring_size);
   absl::flat_hash_map<std::string, ShardSet> out;
-  const size_t n = node_ids.size();
+  for (size_t i = 0; i < node_ids.size(); ++i) {
+    out.emplace(std::move(node_ids[i]), std::move(shares[i]));
+  }
+  return out;
+}
+
+std::vector<ShardSet> AssignSortedShards(
+    const std::vector<const ShardSet*>& held, uint32_t ring_size) {
+  const size_t n = held.size();
+  std::vector<ShardSet> out(n);
   if (n == 0) return out;
   const ShardSet ring = ShardRange{0, ring_size};
 
@@ -190,9 +206,8 @@ absl::flat_hash_map<std::string, ShardSet> AssignShards(
   };
   std::vector<Run> runs;
   for (size_t i = 0; i < n; ++i) {
-    auto it = held.find(node_ids[i]);
-    if (it == held.end()) continue;
-    const ShardSet inside = it->second.Intersect(ring);
+    if (held[i] == nullptr) continue;
+    const ShardSet inside = held[i]->Intersect(ring);
     for (const ShardRange& r : inside.runs()) runs.push_back({r, i});
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
@@ -253,7 +268,7 @@ absl::flat_hash_map<std::string, ShardSet> AssignShards(
         at = pool.runs()[run].begin;
       }
     }
-    out.emplace(std::move(node_ids[i]), ShardSet::Of(std::move(got)));
+    out[i] = ShardSet::Of(std::move(got));
   }
   return out;
 }

@@ -770,6 +770,23 @@ TEST_F(NodeManagerTest, FaultyRegistryRefusesDrainsAndDescribeWhileDown) {
   EXPECT_TRUE(d->drained.contains("a"));
 }
 
+TEST(NodeRegistryHelpersTest, KindTargetsIsAssignShardsOverTheSharingMembers) {
+  KindView view;
+  view.members = {"a/vm/0", "a/vm/1", "b/vm/0", "c/vm/0", "c/vm/1"};
+  view.held["a/vm/0"] = Assignment{ShardSet(0, 40), 1};
+  view.held["b/vm/0"] = Assignment{ShardSet::Of({{40, 50}, {60, 64}}), 2};
+  view.held["c/vm/1"] = Assignment{ShardSet(50, 60), 3};
+  const std::set<std::string> drained = {"c"};
+  std::map<std::string, ShardSet> held;
+  for (const auto& [id, a] : view.held) held[id] = a.range;
+  auto want = AssignShards(ShareMembers(view.members, drained), 64, held);
+  auto got = KindTargets(view, drained, 64, {"a/vm/0", "b/vm/0", "c/vm/1"});
+  EXPECT_EQ(got["a/vm/0"], want["a/vm/0"]);
+  EXPECT_EQ(got["b/vm/0"], want["b/vm/0"]);
+  EXPECT_TRUE(got["c/vm/1"].Empty()) << "a drained pod's node gets nothing";
+  EXPECT_EQ(got["a/vm/0"], ShardSet(0, 22));  // Keeps the lowest of its own.
+}
+
 TEST(NodeRegistryHelpersTest, ShareMembersLeavesDrainedPodsOut) {
   EXPECT_EQ(PodOfNodeId("pod-a/vm/3"), "pod-a");
   EXPECT_EQ(PodOfNodeId("odd"), "odd");

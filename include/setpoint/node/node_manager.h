@@ -330,6 +330,9 @@ class NodeManager {
   // A release freed shards a refused grant waits for: ask again (without a
   // poll) once a nudge token allows.
   bool grant_retry_ ABSL_GUARDED_BY(mu_) = false;
+  // A refused grant already asked for an early poll (once per streak of
+  // refusals: reset by a grant or an announced change).
+  bool refusal_polled_ ABSL_GUARDED_BY(mu_) = false;
   double nudge_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time nudge_refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // When the interval asks for the next poll.

@@ -194,13 +194,14 @@ std::string_view PodOfNodeId(std::string_view node_id);
 std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
                                       const std::set<std::string>& drained);
 
-// Every sharing member's target in one kind, as every NodeManager computes
-// it: AssignShards over ShareMembers(view.members, drained) and what the
-// view says each holds (KindView::held must hold every live member's
-// record: a poll without PollRequest::own_held_only).
+// The targets of `ids` in one kind, as every NodeManager computes them:
+// AssignShards over ShareMembers(view.members, drained) and what the view
+// says each holds (KindView::held must hold every live member's record: a
+// poll without PollRequest::own_held_only). An id that does not share gets
+// the empty set.
 absl::flat_hash_map<std::string, ShardSet> KindTargets(
     const KindView& view, const std::set<std::string>& drained,
-    uint32_t ring_size);
+    uint32_t ring_size, const std::vector<std::string>& ids);
 
 // Checks an id given to SetDrained: non-empty, printable ASCII without
 // spaces or '/'. kInvalidArgument naming it otherwise.

@@ -153,6 +153,13 @@ absl::flat_hash_map<std::string, ShardSet> AssignShards(
     std::vector<std::string> node_ids, uint32_t ring_size = kDefaultRingSize,
     const std::map<std::string, ShardSet>& held = {});
 
+// AssignShards for ids already sorted and unique, given by position:
+// `held[i]` is what the i-th id holds (null: nothing); the i-th result is
+// its share. The same answer, without a map of the ids.
+std::vector<ShardSet> AssignSortedShards(
+    const std::vector<const ShardSet*>& held,
+    uint32_t ring_size = kDefaultRingSize);
+
 }  // namespace setpoint
 
 template <>
