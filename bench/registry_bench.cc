@@ -105,6 +105,27 @@ class Coverage {
     max_gap_ = Clock::duration::zero();
     return gap;
   }
+  // What keeps the nodes of `prefixes` from covering the ring, for the
+  // message when a run does not converge.
+  std::string Why(const std::vector<std::string>& prefixes) {
+    std::lock_guard l(mu_);
+    uint32_t total = 0;
+    std::string empty;
+    int active = 0;
+    for (const auto& [id, r] : ranges_) {
+      bool mine = false;
+      for (const auto& p : prefixes) mine = mine || id.rfind(p, 0) == 0;
+      if (!mine) continue;
+      if (r.Empty()) {
+        absl::StrAppend(&empty, " ", id);
+        continue;
+      }
+      total += r.size();
+      ++active;
+    }
+    return absl::StrCat("shards owned ", total, " of ", kRing, "; nodes with ",
+                        "shards ", active, "; without:", empty);
+  }
   // Forgets every node (between scenarios on fresh namespaces).
   void Reset() {
     std::lock_guard l(mu_);
@@ -452,7 +473,8 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
     if (fleet[i] == nullptr ||
         !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
                                std::chrono::milliseconds(20'000))) {
-      std::fprintf(stderr, "rolling restart step %d did not converge\n", i);
+      std::fprintf(stderr, "rolling restart step %d did not converge: %s\n",
+                   i, coverage.Why(Prefixes(fleet)).c_str());
       return 1;
     }
     steps.push_back(Ms(Clock::now() - step_start));
