@@ -473,8 +473,8 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
     if (fleet[i] == nullptr ||
         !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
                                std::chrono::milliseconds(20'000))) {
-      std::fprintf(stderr, "rolling restart step %d did not converge: %s\n",
-                   i, coverage.Why(Prefixes(fleet)).c_str());
+      std::fprintf(stderr, "rolling restart step %d did not converge: %s\n", i,
+                   coverage.Why(Prefixes(fleet)).c_str());
       return 1;
     }
     steps.push_back(Ms(Clock::now() - step_start));

@@ -77,6 +77,12 @@ absl::Status Invalid(std::string_view field, std::string_view what) {
 
 }  // namespace
 
+absl::Duration EffectiveFenceMargin(const NodeManagerOptions& o) {
+  return o.fence_margin > absl::ZeroDuration()
+             ? o.fence_margin
+             : std::max(o.lease / 5, o.poll_interval);
+}
+
 std::string DefaultPodId() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
@@ -134,9 +140,7 @@ absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
   }
   // The nodes must be able to work between two renewals: a margin that
   // leaves less than one poll interval fences on every cycle.
-  absl::Duration margin = o.fence_margin > absl::ZeroDuration()
-                              ? o.fence_margin
-                              : std::max(o.lease / 5, o.poll_interval);
+  const absl::Duration margin = EffectiveFenceMargin(o);
   if (o.lease - margin <= o.poll_interval) {
     return Invalid(
         "fence_margin",
@@ -168,9 +172,7 @@ NodeManager::NodeManager(NodeManagerOptions options)
       clock_(options_.clock != nullptr ? options_.clock : Clock::Monotonic()),
       logger_(options_.logger != nullptr ? options_.logger
                                          : spdlog::default_logger()) {
-  fence_margin_ = options_.fence_margin > absl::ZeroDuration()
-                      ? options_.fence_margin
-                      : std::max(options_.lease / 5, options_.poll_interval);
+  fence_margin_ = EffectiveFenceMargin(options_);
 }
 
 NodeManager::~NodeManager() { Stop(); }

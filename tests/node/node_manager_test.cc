@@ -770,6 +770,16 @@ TEST_F(NodeManagerTest, FaultyRegistryRefusesDrainsAndDescribeWhileDown) {
   EXPECT_TRUE(d->drained.contains("a"));
 }
 
+TEST(NodeManagerOptionsTest, EffectiveFenceMarginIsTheGivenOneOrTheDefault) {
+  NodeManagerOptions o{.poll_interval = absl::Milliseconds(500),
+                       .lease = absl::Seconds(3)};
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(600));  // 20 %.
+  o.lease = absl::Seconds(2);
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(500));  // A poll.
+  o.fence_margin = absl::Milliseconds(250);
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(250));
+}
+
 TEST(NodeRegistryHelpersTest, KindTargetsIsAssignShardsOverTheSharingMembers) {
   KindView view;
   view.members = {"a/vm/0", "a/vm/1", "b/vm/0", "c/vm/0", "c/vm/1"};

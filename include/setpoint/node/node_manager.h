@@ -147,6 +147,11 @@ struct NodeManagerOptions {
 // ring size <= 0, no factory, lease <= poll_interval, fence_margin >= lease.
 absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& options);
 
+// The fence margin in force: options.fence_margin, or when it is zero
+// max(20% of lease, poll_interval). The one place the node layer writes the
+// rule.
+absl::Duration EffectiveFenceMargin(const NodeManagerOptions& options);
+
 // The default pod id: "<hostname>-<pid>".
 std::string DefaultPodId();
 
