@@ -69,22 +69,33 @@ constexpr uint32_t kRing = 4096;
 // on every change.
 class Coverage {
  public:
-  void Set(const std::string& node, ShardRange r) {
+  void Set(const std::string& node, const ShardSet& r) {
     std::lock_guard l(mu_);
-    ShardRange old = ranges_[node];
+    ShardSet old = ranges_[node];
     auto now = Clock::now();
-    for (uint32_t s = old.begin; s < old.end; ++s) {
-      if (r.Contains(s)) continue;
-      if (--owners_[s] == 0) unowned_since_[s] = now;
+    const ShardSet lost = old.Minus(r), won = r.Minus(old);
+    for (const ShardRange& run : lost.runs()) {
+      for (uint32_t s = run.begin; s < run.end; ++s) {
+        if (--owners_[s] == 0) unowned_since_[s] = now;
+      }
     }
-    for (uint32_t s = r.begin; s < r.end; ++s) {
-      if (old.Contains(s)) continue;
-      if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
-        max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+    for (const ShardRange& run : won.runs()) {
+      for (uint32_t s = run.begin; s < run.end; ++s) {
+        if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
+          max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+        }
+        ++moved_;
       }
     }
     ranges_[node] = r;
     cv_.notify_all();
+  }
+  // Shards given to a node that did not have them, since the last call.
+  int64_t TakeMoved() {
+    std::lock_guard l(mu_);
+    int64_t n = moved_;
+    moved_ = 0;
+    return n;
   }
   // The longest time a shard went without an owner since the last call
   // (shards that were never owned do not count).
@@ -93,6 +104,27 @@ class Coverage {
     Clock::duration gap = max_gap_;
     max_gap_ = Clock::duration::zero();
     return gap;
+  }
+  // What keeps the nodes of `prefixes` from covering the ring, for the
+  // message when a run does not converge.
+  std::string Why(const std::vector<std::string>& prefixes) {
+    std::lock_guard l(mu_);
+    uint32_t total = 0;
+    std::string empty;
+    int active = 0;
+    for (const auto& [id, r] : ranges_) {
+      bool mine = false;
+      for (const auto& p : prefixes) mine = mine || id.rfind(p, 0) == 0;
+      if (!mine) continue;
+      if (r.Empty()) {
+        absl::StrAppend(&empty, " ", id);
+        continue;
+      }
+      total += r.size();
+      ++active;
+    }
+    return absl::StrCat("shards owned ", total, " of ", kRing, "; nodes with ",
+                        "shards ", active, "; without:", empty);
   }
   // Forgets every node (between scenarios on fresh namespaces).
   void Reset() {
@@ -124,10 +156,11 @@ class Coverage {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, ShardRange> ranges_;
+  std::map<std::string, ShardSet> ranges_;
   int owners_[kRing] = {};
   Clock::time_point unowned_since_[kRing] = {};
   Clock::duration max_gap_ = Clock::duration::zero();
+  int64_t moved_ = 0;
 };
 
 class BenchNode : public Node {
@@ -440,7 +473,8 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
     if (fleet[i] == nullptr ||
         !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
                                std::chrono::milliseconds(20'000))) {
-      std::fprintf(stderr, "rolling restart step %d did not converge\n", i);
+      std::fprintf(stderr, "rolling restart step %d did not converge: %s\n", i,
+                   coverage.Why(Prefixes(fleet)).c_str());
       return 1;
     }
     steps.push_back(Ms(Clock::now() - step_start));

@@ -102,7 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(absl::IsInvalidArgument(token.status()), "token error code");
   }
   if (auto held = setpoint::redis::ParseHeld(text); held.ok()) {
-    Check(held->range.begin < held->range.end, "held range not empty");
+    Check(!held->range.Empty(), "held range not empty");
+    Check(setpoint::redis::FormatHeld(*held) == text, "held round trip");
   } else {
     Check(absl::IsInvalidArgument(held.status()), "held error code");
   }
@@ -135,7 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Check(k.members[i - 1].id <= k.members[i].id, "members sorted");
       }
       for (const auto& m : k.members) {
-        Check(!m.held.has_value() || m.held->range.begin < m.held->range.end,
+        Check(!m.held.has_value() || !m.held->range.Empty(),
               "described range not empty");
       }
     }
@@ -157,7 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [id, a] : view.held) {
       Check(std::binary_search(view.members.begin(), view.members.end(), id),
             "held only by members");
-      Check(a.range.begin < a.range.end, "held range not empty");
+      Check(!a.range.Empty(), "held range not empty");
     }
   }
   return 0;

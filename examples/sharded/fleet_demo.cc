@@ -354,10 +354,21 @@ struct Pod {
 // A node's claim as the API saw it: its last accepted write.
 struct Claim {
   std::string node;
-  setpoint::ShardRange range;
+  setpoint::ShardSet range;
   uint64_t token = 0;
   absl::Time last_write;
 };
+
+// [[begin, end], ...] as the API writes a claim.
+setpoint::ShardSet RunsOf(const JsonValue& runs) {
+  std::vector<setpoint::ShardRange> out;
+  for (const JsonValue& r : runs.items()) {
+    if (r.items().size() != 2) continue;
+    out.push_back({static_cast<uint32_t>(r.items()[0].AsInt64().value_or(0)),
+                   static_cast<uint32_t>(r.items()[1].AsInt64().value_or(0))});
+  }
+  return setpoint::ShardSet::Of(std::move(out));
+}
 
 std::string PodOf(const std::string& node) {
   return node.substr(0, node.find('/'));
@@ -478,12 +489,9 @@ class Fleet {
     if (writers == nullptr) return out;
     for (const auto& [node, w] : writers->fields()) {
       const JsonValue* range = w.Find("range");
-      if (range == nullptr || range->items().size() != 2) continue;
+      if (range == nullptr) continue;
       Claim c{.node = node,
-              .range = {static_cast<uint32_t>(
-                            range->items()[0].AsInt64().value_or(0)),
-                        static_cast<uint32_t>(
-                            range->items()[1].AsInt64().value_or(0))},
+              .range = RunsOf(*range),
               .token = w.Find("token") != nullptr
                            ? w.Find("token")->AsUint64().value_or(0)
                            : 0,
@@ -507,8 +515,10 @@ class Fleet {
         continue;
       }
       fresh.push_back(c);
-      for (uint32_t s = c.range.begin; s < c.range.end && s < kRing; ++s) {
-        covered[s] = true;
+      for (const setpoint::ShardRange& r : c.range.runs()) {
+        for (uint32_t s = r.begin; s < r.end && s < kRing; ++s) {
+          covered[s] = true;
+        }
       }
     }
     for (bool b : covered) {
@@ -672,7 +682,7 @@ class Fleet {
 struct Grant {
   absl::Time time;
   std::string node;
-  setpoint::ShardRange range;
+  setpoint::ShardSet range;
   uint64_t token = 0;
 };
 
@@ -695,13 +705,22 @@ std::vector<Grant> ReadGrants(const std::string& log) {
       if (absl::ConsumePrefix(&field, "token=")) {
         if (!absl::SimpleAtoi(field, &g.token)) g.token = 0;
       }
-      if (absl::ConsumePrefix(&field, "range=[") &&
-          absl::ConsumeSuffix(&field, ")")) {
-        std::vector<absl::string_view> be = absl::StrSplit(field, ',');
-        if (be.size() != 2 || !absl::SimpleAtoi(be[0], &g.range.begin) ||
-            !absl::SimpleAtoi(be[1], &g.range.end)) {
-          g.range = {};
+      if (absl::ConsumePrefix(&field, "range=")) {
+        // "[b,e)" or "[b,e)+[b,e)...".
+        std::vector<setpoint::ShardRange> runs;
+        for (absl::string_view run : absl::StrSplit(field, '+')) {
+          std::vector<absl::string_view> be = absl::StrSplit(run, ',');
+          setpoint::ShardRange r;
+          if (be.size() != 2 || !absl::ConsumePrefix(&be[0], "[") ||
+              !absl::ConsumeSuffix(&be[1], ")") ||
+              !absl::SimpleAtoi(be[0], &r.begin) ||
+              !absl::SimpleAtoi(be[1], &r.end)) {
+            runs.clear();
+            break;
+          }
+          runs.push_back(r);
         }
+        g.range = setpoint::ShardSet::Of(std::move(runs));
       }
     }
     if (!g.node.empty() && g.token != 0) out.push_back(std::move(g));
@@ -715,7 +734,7 @@ struct AcceptedWrite {
   std::string kind;
   uint32_t shard = 0;
   uint64_t token = 0;
-  setpoint::ShardRange claim;
+  setpoint::ShardSet claim;
 };
 
 // Every write the API accepted, in the order it accepted them.
@@ -730,14 +749,11 @@ std::optional<std::vector<AcceptedWrite>> ReadWrites(int api_port) {
     if (writes == nullptr) return std::nullopt;
     for (const JsonValue& w : writes->items()) {
       const auto& f = w.items();
-      if (f.size() != 7) return std::nullopt;
+      if (f.size() != 6) return std::nullopt;
       out.push_back({absl::FromUnixMicros(f[0].AsInt64().value_or(0)),
-                     f[1].str(),
-                     f[2].str(),
+                     f[1].str(), f[2].str(),
                      static_cast<uint32_t>(f[3].AsInt64().value_or(0)),
-                     f[4].AsUint64().value_or(0),
-                     {static_cast<uint32_t>(f[5].AsInt64().value_or(0)),
-                      static_cast<uint32_t>(f[6].AsInt64().value_or(0))}});
+                     f[4].AsUint64().value_or(0), RunsOf(f[5])});
     }
     int64_t next = page->IntOr("next", from);
     if (writes->items().empty() || next <= from) break;
@@ -773,11 +789,12 @@ AuditResult Audit(const std::vector<AcceptedWrite>& writes,
     bool a = false;
     auto it = newest.find({w.kind, w.shard});
     if (it != newest.end() && w.token < it->second) a = true;
-    uint32_t end = w.kind == "records" ? std::min(w.claim.end, kRing)
-                                       : std::min(w.claim.end, 1u);
-    for (uint32_t s = w.claim.begin; s < end; ++s) {
-      uint64_t& t = newest[{w.kind, s}];
-      t = std::max(t, w.token);
+    const uint32_t ring = w.kind == "records" ? kRing : 1u;
+    for (const setpoint::ShardRange& run : w.claim.runs()) {
+      for (uint32_t s = run.begin; s < std::min(run.end, ring); ++s) {
+        uint64_t& t = newest[{w.kind, s}];
+        t = std::max(t, w.token);
+      }
     }
     bool b = false;
     for (const Grant& g : grants) {

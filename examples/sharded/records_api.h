@@ -86,7 +86,7 @@ struct WriterStats {
   int64_t stale_refused = 0;
   int64_t unowned_refused = 0;
   // The assignment of its last accepted write, and when.
-  setpoint::ShardRange range = {};
+  setpoint::ShardSet range = {};
   uint64_t token = 0;
   absl::Time last_write = absl::InfinitePast();
 };
@@ -98,7 +98,7 @@ struct AcceptedWrite {
   std::string kind;
   uint32_t shard = 0;  // Of the key; 0 for the serial.
   uint64_t token = 0;
-  setpoint::ShardRange range = {};  // The writer's claim.
+  setpoint::ShardSet range = {};  // The writer's claim.
 };
 
 class FakeRecordsApi final : public RecordsApi {
@@ -229,9 +229,10 @@ class FakeRecordsApi final : public RecordsApi {
           absl::StrCat(name, ": token ", a->token, " < ", seen));
     }
     // Every shard the writer claims has now seen its token.
-    for (uint32_t s = a->range.begin; s < std::min(a->range.end, ring_size_);
-         ++s) {
-      tokens_[s] = std::max(tokens_[s], a->token);
+    for (const setpoint::ShardRange& r : a->range.runs()) {
+      for (uint32_t s = r.begin; s < std::min(r.end, ring_size_); ++s) {
+        tokens_[s] = std::max(tokens_[s], a->token);
+      }
     }
     apply();
     ++stats_.writes;

@@ -226,7 +226,7 @@ class RecordsApiService {
         log.resize(kMaxWritesPerPage);
       }
       // [time in µs since the epoch, node, kind, shard, token, the claimed
-      // range's begin and end]
+      // runs as [[begin, end], ...]]
       std::string out = absl::StrCat("{\"next\":", next, ",\"writes\":[");
       for (size_t i = 0; i < log.size(); ++i) {
         const AcceptedWrite& w = log[i];
@@ -235,8 +235,8 @@ class RecordsApiService {
         setpoint::AppendJsonString(&out, w.node_id);
         out += ",";
         setpoint::AppendJsonString(&out, w.kind);
-        absl::StrAppend(&out, ",", w.shard, ",", w.token, ",", w.range.begin,
-                        ",", w.range.end, "]");
+        absl::StrAppend(&out, ",", w.shard, ",", w.token, ",",
+                        w.range.RunsJson(), "]");
       }
       out += "]}";
       res.set_content(out, "application/json");
@@ -281,7 +281,7 @@ class RecordsApiService {
     if (!absl::SimpleAtoi(req.get_header_value(wire::kRingHeader),
                           &a->ring_size) ||
         a->ring_size == 0 || a->ring_size > FakeRecordsApi::kMaxRingSize ||
-        a->range.end > a->ring_size) {
+        a->range.Hull().end > a->ring_size) {
       Bad(res,
           absl::StrCat("X-Setpoint-Ring: 1..", FakeRecordsApi::kMaxRingSize,
                        ", at least the range's end"));
@@ -356,8 +356,8 @@ class RecordsApiService {
       absl::StrAppend(&out, ":{\"writes\":", w.writes,
                       ",\"stale_refused\":", w.stale_refused,
                       ",\"unowned_refused\":", w.unowned_refused,
-                      ",\"range\":[", w.range.begin, ",", w.range.end,
-                      "],\"token\":", w.token, ",\"last_write_us\":",
+                      ",\"range\":", w.range.RunsJson(), ",\"token\":", w.token,
+                      ",\"last_write_us\":",
                       w.last_write == absl::InfinitePast()
                           ? int64_t{0}
                           : absl::ToUnixMicros(w.last_write),

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "setpoint/base/json.h"
 #include "setpoint/controller/controller.h"
 
@@ -65,25 +66,33 @@ inline bool ValidId(std::string_view id) {
   return true;
 }
 
-// "<begin>-<end>" as ShardRange.
-inline bool ParseRange(std::string_view text, setpoint::ShardRange* out) {
-  size_t dash = text.find('-');
-  if (dash == std::string_view::npos) return false;
-  uint32_t begin = 0;
-  uint32_t end = 0;
-  if (!absl::SimpleAtoi(absl::string_view(text.data(), dash), &begin) ||
-      !absl::SimpleAtoi(
-          absl::string_view(text.data() + dash + 1, text.size() - dash - 1),
-          &end) ||
-      begin > end) {
-    return false;
+// "<begin>-<end>[,<begin>-<end>...]" (the runs of a node's shards) as a
+// ShardSet.
+inline bool ParseRange(std::string_view text, setpoint::ShardSet* out) {
+  std::vector<setpoint::ShardRange> runs;
+  for (absl::string_view run :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    size_t dash = run.find('-');
+    if (dash == absl::string_view::npos) return false;
+    uint32_t begin = 0;
+    uint32_t end = 0;
+    if (!absl::SimpleAtoi(run.substr(0, dash), &begin) ||
+        !absl::SimpleAtoi(run.substr(dash + 1), &end) || begin > end) {
+      return false;
+    }
+    runs.push_back({begin, end});
   }
-  *out = {begin, end};
+  *out = setpoint::ShardSet::Of(std::move(runs));
   return true;
 }
 
-inline std::string FormatRange(const setpoint::ShardRange& r) {
-  return absl::StrCat(r.begin, "-", r.end);
+inline std::string FormatRange(const setpoint::ShardSet& s) {
+  if (s.Empty()) return "0-0";
+  std::string out;
+  for (const setpoint::ShardRange& r : s.runs()) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", r.begin, "-", r.end);
+  }
+  return out;
 }
 
 // {"error": code, "message": message}

@@ -189,8 +189,9 @@ void Controller::Report(absl::Duration stuck_after, NodeReport& report) const {
     }
   }
   std::string& j = report.status_json;
-  absl::StrAppend(&j, "{\"assignment\":{\"range\":[", a.range.begin, ",",
-                  a.range.end, "],\"token\":", a.token,
+  absl::StrAppend(&j, "{\"assignment\":{\"range\":[", a.range.Hull().begin, ",",
+                  a.range.Hull().end, "],\"shards\":", a.range.RunsJson(),
+                  ",\"token\":", a.token,
                   "},\"running\":", board_.running ? "true" : "false",
                   ",\"runs\":", st.runs,
                   ",\"build_failures\":", st.build_failures,

@@ -77,6 +77,12 @@ absl::Status Invalid(std::string_view field, std::string_view what) {
 
 }  // namespace
 
+absl::Duration EffectiveFenceMargin(const NodeManagerOptions& o) {
+  return o.fence_margin > absl::ZeroDuration()
+             ? o.fence_margin
+             : std::max(o.lease / 5, o.poll_interval);
+}
+
 std::string DefaultPodId() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
@@ -134,9 +140,7 @@ absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
   }
   // The nodes must be able to work between two renewals: a margin that
   // leaves less than one poll interval fences on every cycle.
-  absl::Duration margin = o.fence_margin > absl::ZeroDuration()
-                              ? o.fence_margin
-                              : std::max(o.lease / 5, o.poll_interval);
+  const absl::Duration margin = EffectiveFenceMargin(o);
   if (o.lease - margin <= o.poll_interval) {
     return Invalid(
         "fence_margin",
@@ -168,9 +172,7 @@ NodeManager::NodeManager(NodeManagerOptions options)
       clock_(options_.clock != nullptr ? options_.clock : Clock::Monotonic()),
       logger_(options_.logger != nullptr ? options_.logger
                                          : spdlog::default_logger()) {
-  fence_margin_ = options_.fence_margin > absl::ZeroDuration()
-                      ? options_.fence_margin
-                      : std::max(options_.lease / 5, options_.poll_interval);
+  fence_margin_ = EffectiveFenceMargin(options_);
 }
 
 NodeManager::~NodeManager() { Stop(); }
@@ -313,25 +315,20 @@ void NodeManager::Wake(const ChangeNotice& notice) {
     // the view of the last poll); everyone else ignores it.
     for (const auto& [kind, freed] : notice.freed) {
       auto it = wants_.find(kind);
-      if (it == wants_.end()) continue;
-      for (const ShardRange& want : it->second) {
-        for (const ShardRange& f : freed) {
-          if (!want.Intersect(f).Empty()) {
-            // Within the nudge rate limit, like a poll: a flood of such
-            // messages is a bounded number of handoffs.
-            ++stats_.grant_retries;
-            grant_retry_ = true;
-            nudge_arrived_ = true;
-            cv_.SignalAll();
-            return;
-          }
-        }
-      }
+      if (it == wants_.end() || !it->second.Intersects(freed)) continue;
+      // Within the nudge rate limit, like a poll: a flood of such messages
+      // is a bounded number of handoffs.
+      ++stats_.grant_retries;
+      grant_retry_ = true;
+      nudge_arrived_ = true;
+      cv_.SignalAll();
+      return;
     }
     return;
   }
   ++stats_.nudges;
   nudged_ = true;
+  refusal_polled_ = false;
   nudge_arrived_ = true;
   cv_.SignalAll();
 }
@@ -481,7 +478,8 @@ void NodeManager::Tick() {
   SelfFence();
   PollRequest request{.lease = options_.lease,
                       .min_version = max_version_,
-                      .own_held_only = true};
+                      .min_tokens = max_tokens_,
+                      .own_held_only = false};
   bool poll;
   {
     MutexLock l(&mu_);
@@ -615,45 +613,59 @@ void NodeManager::Tick() {
     options_.on_lease_renewed(*report);
   }
   if (result.ok()) {
+    std::optional<PollResult> previous = std::move(last_view_);
+    std::map<std::string, std::map<std::string, ShardSet>> previous_targets =
+        std::move(last_targets_);
     last_view_ = std::move(*result);
     last_targets_.clear();
+    for (const auto& [kind, view] : last_view_->kinds) {
+      uint64_t& seen = max_tokens_[kind];
+      for (const auto& [id, a] : view.held) seen = std::max(seen, a.token);
+    }
     std::vector<Move> moves;
     for (auto& [kind, view] : last_view_->kinds) {
       uint32_t ring = kDefaultRingSize;
       for (const auto& k : options_.kinds) {
         if (k.kind == kind) ring = k.ring_size;
       }
-      // Each node's target as AssignShards gives it: the even split over
-      // the sorted ids that share the ring, found by the node's position
-      // (the view's members are sorted and unique), without building the
-      // whole map for a fleet of a thousand nodes.
-      std::vector<std::string> drained_out;
-      if (!last_view_->drained.empty()) {
-        drained_out = ShareMembers(view.members, last_view_->drained);
+      // Each node's target as AssignShards gives it over the ids that
+      // share the ring and what every live member holds: every pod that
+      // saw the same state computes the same targets.
+      // Nothing changed since the last poll (the steady state): the same
+      // targets, without computing them for the whole fleet again.
+      auto was = previous.has_value() ? previous->kinds.find(kind)
+                                      : decltype(previous->kinds.end()){};
+      auto was_targets = previous_targets.find(kind);
+      const bool same = previous.has_value() && was != previous->kinds.end() &&
+                        was_targets != previous_targets.end() &&
+                        previous->drained == last_view_->drained &&
+                        was->second.members == view.members &&
+                        was->second.held == view.held;
+      std::vector<std::string> own;
+      for (const auto& slot : slots_) {
+        if (slot->info.kind == kind) own.push_back(slot->info.id);
       }
-      const std::vector<std::string>& share =
-          last_view_->drained.empty() ? view.members : drained_out;
-      const bool sorted =
-          std::adjacent_find(share.begin(), share.end(),
-                             std::greater_equal<>()) == share.end();
-      absl::flat_hash_map<std::string, ShardRange> unsorted;
-      if (!sorted) unsorted = AssignShards(share, ring);
+      absl::flat_hash_map<std::string, ShardSet> targets;
+      if (!same) targets = KindTargets(view, last_view_->drained, ring, own);
       for (auto& slot : slots_) {
         if (slot->info.kind != kind) continue;
         {
           MutexLock l(&mu_);
           if (!slot->registered) continue;
         }
-        ShardRange target;
-        if (sorted) {
-          auto it = std::lower_bound(share.begin(), share.end(), slot->info.id);
-          if (it != share.end() && *it == slot->info.id) {
-            target = SplitRing(ring, static_cast<uint32_t>(share.size()),
-                               static_cast<uint32_t>(it - share.begin()));
+        ShardSet target;
+        if (same) {
+          if (auto it = was_targets->second.find(slot->info.id);
+              it != was_targets->second.end()) {
+            target = it->second;
+          } else {
+            targets = KindTargets(view, last_view_->drained, ring, own);
           }
-        } else if (auto it = unsorted.find(slot->info.id);
-                   it != unsorted.end()) {
-          target = it->second;
+        }
+        if (!same || !targets.empty()) {
+          if (auto it = targets.find(slot->info.id); it != targets.end()) {
+            target = it->second;
+          }
         }
         last_targets_[kind][slot->info.id] = target;
         if (auto m = Step(*slot, view, target)) moves.push_back(*m);
@@ -696,7 +708,7 @@ void NodeManager::Fence(Slot& slot, const char* why) {
 }
 
 std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
-                                                   ShardRange target) {
+                                                   ShardSet target) {
   const std::string& id = slot.info.id;
   auto held_it = view.held.find(id);
   std::optional<Assignment> held;
@@ -711,7 +723,7 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
     if (slot.lease_fenced) return std::nullopt;  // Until a renewal in time.
     active = slot.active;
     failed = slot.failed;
-    if (failed) target = ShardRange{};
+    if (failed) target = ShardSet{};
     // The registry must record exactly what the node works on: its token,
     // and a range that covers it (larger only between a shrink and its
     // release). Anything else (the record expired, someone rewrote it, a
@@ -803,7 +815,9 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     // again, even one announced before our reply comes back.
     MutexLock l(&mu_);
     wants_.clear();
-    for (const auto& g : request.grants) wants_[g.kind].push_back(g.target);
+    for (const auto& g : request.grants) {
+      wants_[g.kind] = wants_[g.kind].Union(g.target);
+    }
   }
   if (batched.empty()) return;
   request.epoch = last_view_->epoch;
@@ -853,22 +867,34 @@ void NodeManager::Apply(std::vector<Move>& moves) {
       }
     }
     if (m->grant.has_value()) {
-      const ShardRange target = *m->grant;
+      const ShardSet target = *m->grant;
       const absl::StatusOr<uint64_t>& token = result->grants[next_grant++];
       if (!absl::IsAborted(token.status())) CountError("grant", token.status());
       MutexLock l(&mu_);
       if (token.ok()) {
-        auto& wants = wants_[slot.info.kind];
-        wants.erase(std::remove(wants.begin(), wants.end(), target),
-                    wants.end());
+        ShardSet& wants = wants_[slot.info.kind];
+        wants = wants.Minus(target);
+        max_tokens_[slot.info.kind] =
+            std::max(max_tokens_[slot.info.kind], *token);
         view.held[id] = Assignment{target, *token};
         ++stats_.grants;
+        refusal_polled_ = false;
         SPDLOG_LOGGER_INFO(logger_,
                            "shard range granted node={} range={} token={}", id,
                            target, *token);
         Deliver(slot, Assignment{target, *token});
       } else if (absl::IsAborted(token.status())) {
         ++stats_.grant_conflicts;
+        // Grants are open as far as we know, so our view of who holds what
+        // may be behind (targets follow what everyone holds): look again
+        // soon, within the nudge rate limit, unless a release frees the
+        // shards first.
+        // Once per streak of refusals: a grant that keeps waiting (for a
+        // node that does not let go) costs no more polls than the interval.
+        if (clock_->Now() >= grants_at_ && !refusal_polled_) {
+          refusal_polled_ = true;
+          nudged_ = true;
+        }
         SPDLOG_LOGGER_DEBUG(logger_, "grant refused for now node={}: {}", id,
                             token.status());
       } else {
@@ -1434,12 +1460,13 @@ std::string NodeManager::StatusJson(absl::Duration stuck_after) const {
     AppendJsonString(&out, r.info.id);
     out += ",\"kind\":";
     AppendJsonString(&out, r.info.kind);
-    absl::StrAppend(&out, ",\"range\":[", r.active.range.begin, ",",
-                    r.active.range.end, "],\"ring_size\":", r.info.ring_size,
-                    ",\"token\":", r.active.token,
-                    ",\"registered\":", r.registered ? "true" : "false",
-                    ",\"running\":", r.running ? "true" : "false",
-                    ",\"restarts\":", r.restarts);
+    absl::StrAppend(
+        &out, ",\"range\":[", r.active.range.Hull().begin, ",",
+        r.active.range.Hull().end, "],\"shards\":", r.active.range.RunsJson(),
+        ",\"ring_size\":", r.info.ring_size, ",\"token\":", r.active.token,
+        ",\"registered\":", r.registered ? "true" : "false",
+        ",\"running\":", r.running ? "true" : "false",
+        ",\"restarts\":", r.restarts);
     NodeReport report;
     r.node->Report(stuck_after, report);
     if (!report.status_json.empty()) {

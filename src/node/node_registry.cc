@@ -1,5 +1,7 @@
 #include "setpoint/node/node_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -15,6 +17,49 @@ std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
   std::vector<std::string> out;
   for (const std::string& id : members) {
     if (!drained.contains(std::string(PodOfNodeId(id)))) out.push_back(id);
+  }
+  return out;
+}
+
+absl::flat_hash_map<std::string, ShardSet> KindTargets(
+    const KindView& view, const std::set<std::string>& drained,
+    uint32_t ring_size, const std::vector<std::string>& ids) {
+  // The sharing members in id order with what each holds, read from the
+  // view's sorted members and records side by side.
+  std::vector<const std::string*> share;
+  std::vector<const ShardSet*> holds;
+  share.reserve(view.members.size());
+  holds.reserve(view.members.size());
+  auto rec = view.held.begin();
+  const bool sorted = std::is_sorted(view.members.begin(), view.members.end());
+  std::vector<std::string> members_sorted;
+  const std::vector<std::string>* members = &view.members;
+  if (!sorted) {
+    members_sorted = view.members;
+    std::sort(members_sorted.begin(), members_sorted.end());
+    members = &members_sorted;
+  }
+  for (size_t i = 0; i < members->size(); ++i) {
+    const std::string& id = (*members)[i];
+    if (i > 0 && id == (*members)[i - 1]) continue;
+    if (!drained.empty() && drained.contains(std::string(PodOfNodeId(id)))) {
+      continue;
+    }
+    while (rec != view.held.end() && rec->first < id) ++rec;
+    share.push_back(&id);
+    holds.push_back(rec != view.held.end() && rec->first == id
+                        ? &rec->second.range
+                        : nullptr);
+  }
+  std::vector<ShardSet> shares = AssignSortedShards(holds, ring_size);
+  absl::flat_hash_map<std::string, ShardSet> out;
+  for (const std::string& id : ids) {
+    auto it = std::lower_bound(
+        share.begin(), share.end(), id,
+        [](const std::string* a, const std::string& b) { return *a < b; });
+    out[id] = it != share.end() && **it == id
+                  ? shares[static_cast<size_t>(it - share.begin())]
+                  : ShardSet{};
   }
   return out;
 }

@@ -51,6 +51,10 @@ absl::StatusOr<PollResult> InMemoryNodeRegistry::Poll(
     }
     for (const auto& [name, ids] : request.kinds) {
       Kind& kind = kinds_[name];
+      if (auto t = request.min_tokens.find(name);
+          t != request.min_tokens.end()) {
+        kind.last_token = std::max(kind.last_token, t->second);
+      }
       if (auto ring = request.ring_sizes.find(name);
           ring != request.ring_sizes.end()) {
         kind.ring_size = ring->second;
@@ -89,7 +93,7 @@ absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
                                            const std::string& node_id,
                                            Assignment keep) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
-  const ShardRange range = keep.range;
+  const ShardSet range = keep.range;
   auto refuse = [&](const std::string& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("release node=", node_id, " range=", range.ToString(),
@@ -125,7 +129,7 @@ absl::Status InMemoryNodeRegistry::Release(const Context& ctx,
 absl::StatusOr<uint64_t> InMemoryNodeRegistry::Grant(const Context& ctx,
                                                      const std::string& kind,
                                                      const std::string& node_id,
-                                                     ShardRange target,
+                                                     ShardSet target,
                                                      const std::string& epoch) {
   if (absl::Status err = ctx.Err(); !err.ok()) return err;
   if (target.Empty()) {
@@ -290,6 +294,15 @@ void InMemoryNodeRegistry::Restore(const Snapshot& snapshot) {
     restarted_ = true;
   }
   Changed();
+}
+
+void InMemoryNodeRegistry::FailOverTo(const Snapshot& snapshot) {
+  Restore(snapshot);
+  MutexLock l(&mu_);
+  token_floor_ = 0;
+  for (const auto& [name, kind] : snapshot.kinds) {
+    token_floor_ = std::max(token_floor_, kind.last_token);
+  }
 }
 
 void InMemoryNodeRegistry::OverwriteHeld(const std::string& kind,

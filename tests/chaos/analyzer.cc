@@ -24,8 +24,20 @@ bool Intersects(const Span& a, const Span& b) {
 }
 
 // Every shard of `b` is in `a`.
-bool Covers(const Range& a, const Range& b) {
-  return b.Empty() || (a.begin <= b.begin && b.end <= a.end);
+bool Covers(const Range& a, const Range& b) { return a.Covers(b); }
+
+// "<begin>-<end>[,<begin>-<end>...]" as the pod logs a call's shards.
+bool ParseRuns(absl::string_view text, Range* out) {
+  std::vector<ShardRange> runs;
+  for (absl::string_view run : absl::StrSplit(text, ',')) {
+    std::pair<absl::string_view, absl::string_view> be =
+        absl::StrSplit(run, absl::MaxSplits('-', 1));
+    ShardRange r;
+    if (!Num(be.first, &r.begin) || !Num(be.second, &r.end)) return false;
+    runs.push_back(r);
+  }
+  *out = ShardSet::Of(std::move(runs));
+  return true;
 }
 
 }  // namespace
@@ -52,10 +64,15 @@ PodLog ParsePodLog(std::string_view text) {
         log.started = t;
         log.pod = std::string(f[2]);
       }
-    } else if (f[0] == "B" && f.size() == 6) {
+    } else if (f[0] == "B" && (f.size() == 5 || f.size() == 6)) {
+      // "B <node> <runs> <token> <ns>", or with one run as "<begin> <end>".
       Call c;
-      ok = Num(f[2], &c.to.begin) && Num(f[3], &c.to.end) &&
-           Num(f[4], &c.token) && Num(f[5], &c.begin);
+      ShardRange one;
+      ok = f.size() == 5 ? ParseRuns(f[2], &c.to) && Num(f[3], &c.token) &&
+                               Num(f[4], &c.begin)
+                         : Num(f[2], &one.begin) && Num(f[3], &one.end) &&
+                               Num(f[4], &c.token) && Num(f[5], &c.begin);
+      if (f.size() == 6) c.to = one;
       if (ok) {
         t = c.begin;
         std::vector<Call>& calls = log.calls[std::string(f[1])];
@@ -196,8 +213,10 @@ std::vector<Interval> Intervals(const PodRecord& rec, Cut cut) {
     };
     std::map<uint32_t, Open> open;
     for (const Call& c : calls) {
-      for (uint32_t s = c.to.begin; s < c.to.end; ++s) {
-        if (!open.contains(s)) open[s] = {c.begin, c.token, c.end};
+      for (const ShardRange& r : c.to.runs()) {
+        for (uint32_t s = r.begin; s < r.end; ++s) {
+          if (!open.contains(s)) open[s] = {c.begin, c.token, c.end};
+        }
       }
       if (c.refused) continue;  // Takes nothing away.
       for (auto it = open.begin(); it != open.end();) {
@@ -340,8 +359,10 @@ std::vector<TokenViolation> CheckTokens(const std::vector<Grant>& grants,
   std::vector<std::vector<const Grant*>> by_shard(ring);
   for (const Grant& g : grants) {
     if (effective_only && !g.effective) continue;
-    for (uint32_t s = g.range.begin; s < g.range.end && s < ring; ++s) {
-      by_shard[s].push_back(&g);
+    for (const ShardRange& r : g.range.runs()) {
+      for (uint32_t s = r.begin; s < r.end && s < ring; ++s) {
+        by_shard[s].push_back(&g);
+      }
     }
   }
   std::vector<TokenViolation> out;

@@ -63,19 +63,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "setpoint/node/shard.h"
 
 namespace setpoint::chaos {
 
 inline constexpr int64_t kNever = INT64_MAX;
 
-// [begin, end) of shards; empty when begin >= end.
-struct Range {
-  uint32_t begin = 0;
-  uint32_t end = 0;
-  bool Empty() const { return begin >= end; }
-  bool Contains(uint32_t s) const { return s >= begin && s < end; }
-  friend bool operator==(const Range&, const Range&) = default;
-};
+// The shards a call names: one run or a few.
+using Range = ShardSet;
 
 // [from, to) on CLOCK_MONOTONIC ns.
 using Span = std::pair<int64_t, int64_t>;

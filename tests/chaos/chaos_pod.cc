@@ -9,7 +9,9 @@
 // clock, so the driver can merge all pods' logs):
 //   S <ns> <pod> <pid> <nodes> <ring> <lease_ms> <poll_ms> <clock_offset_ns>
 //                                         started (before the manager starts)
-//   B <node> <begin> <end> <token> <ns>   UpdateShardRange called
+//   B <node> <runs> <token> <ns>          UpdateShardRange called; runs:
+//                                         "<b>-<e>[,<b>-<e>...]", "0-0"
+//                                         for the empty range
 //   E <node> <ns>                         ...and returned OK
 //   F <node> <ns> <code>                  ...or refused: nothing was
 //                                         released (the manager asks again)
@@ -224,8 +226,13 @@ class LoggedController : public setpoint::Node {
   }
   absl::Status UpdateShardRange(const setpoint::Context& ctx,
                                 const setpoint::Assignment& a) override {
-    Log(fd_, absl::StrCat("B ", id_, " ", a.range.begin, " ", a.range.end, " ",
-                          a.token, " ", MonotonicNanos()));
+    std::string runs;
+    for (const setpoint::ShardRange& r : a.range.runs()) {
+      absl::StrAppend(&runs, runs.empty() ? "" : ",", r.begin, "-", r.end);
+    }
+    if (runs.empty()) runs = "0-0";
+    Log(fd_, absl::StrCat("B ", id_, " ", runs, " ", a.token, " ",
+                          MonotonicNanos()));
     absl::Status s = inner_->UpdateShardRange(ctx, a);
     if (s.ok()) {
       Log(fd_, absl::StrCat("E ", id_, " ", MonotonicNanos()));

@@ -695,7 +695,8 @@ TEST(ControllerTest, PublishesMetricsAndReportsStatusReadinessAndStaleness) {
   EXPECT_THAT(report.stuck, IsEmpty());
   EXPECT_THAT(report.not_ready, IsEmpty());
   EXPECT_THAT(report.status_json,
-              HasSubstr("\"assignment\":{\"range\":[0,64],\"token\":3}"));
+              HasSubstr("\"assignment\":{\"range\":[0,64],\"shards\":[[0,64]],"
+                        "\"token\":3}"));
   EXPECT_THAT(report.status_json, HasSubstr("\"keys\":40,\"converged\":40"));
   EXPECT_THAT(report.status_json, HasSubstr("{\"plan\":\"noop\""));
   h.Stop();

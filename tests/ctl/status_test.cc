@@ -74,7 +74,7 @@ TEST(StatusTest, APodsShardsAreCountedByKindNeverAddedUp) {
   // A node that holds nothing: the empty range and token 0, as /statusz.
   EXPECT_THAT(json, HasSubstr("\"id\":\"c/vm/0\",\"pod\":\"c\","
                               "\"state\":\"active\",\"range\":[0,0],"
-                              "\"token\":0,"));
+                              "\"shards\":[],\"token\":0,"));
 }
 
 TEST(StatusTest, RowsSharesAndUnownedRanges) {

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "setpoint/node/shard.h"
 #include "setpoint/testing/await.h"
@@ -24,6 +26,21 @@
 
 namespace setpoint {
 namespace {
+
+// A B line's shards: "<b>-<e>[,<b>-<e>...]" ("0-0": none).
+ShardSet ParseRuns(const std::string& text) {
+  std::vector<ShardRange> runs;
+  for (absl::string_view run : absl::StrSplit(text, ',')) {
+    std::pair<absl::string_view, absl::string_view> be =
+        absl::StrSplit(run, absl::MaxSplits('-', 1));
+    ShardRange r;
+    if (absl::SimpleAtoi(be.first, &r.begin) &&
+        absl::SimpleAtoi(be.second, &r.end)) {
+      runs.push_back(r);
+    }
+  }
+  return ShardSet::Of(std::move(runs));
+}
 
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::RedisServer;
@@ -60,7 +77,7 @@ struct Interval {
 
 // What one pod's log says.
 struct PodLog {
-  std::map<std::string, ShardRange> current;          // After the last E.
+  std::map<std::string, ShardSet> current;            // After the last E.
   std::vector<std::pair<int64_t, int64_t>> renewals;  // (logged, valid until)
   std::vector<Interval> intervals[kRing];             // Raw, per shard.
 };
@@ -70,7 +87,7 @@ PodLog Parse(const std::string& path, int64_t death) {
   std::ifstream in(path);
   std::string line;
   struct Pending {
-    ShardRange from, to;
+    ShardSet from, to;
     uint64_t token;
   };
   std::map<std::string, Pending> pending;
@@ -84,25 +101,27 @@ PodLog Parse(const std::string& path, int64_t death) {
       f >> at >> until;
       log.renewals.emplace_back(at, until);
     } else if (kind == "B") {
-      std::string node;
-      ShardRange to;
+      std::string node, runs;
       uint64_t token;
       int64_t t;
-      f >> node >> to.begin >> to.end >> token >> t;
-      ShardRange from = log.current[node];
+      f >> node >> runs >> token >> t;
+      ShardSet to = ParseRuns(runs);
+      ShardSet from = log.current[node];
       pending[node] = {from, to, token};
-      for (uint32_t s = to.begin; s < to.end; ++s) {
-        if (from.Contains(s)) continue;
-        open[{node, s}] = log.intervals[s].size();
-        log.intervals[s].push_back({node, token, t, INT64_MAX});
+      const ShardSet gained = to.Minus(from);
+      for (const ShardRange& r : gained.runs()) {
+        for (uint32_t s = r.begin; s < r.end; ++s) {
+          open[{node, s}] = log.intervals[s].size();
+          log.intervals[s].push_back({node, token, t, INT64_MAX});
+        }
       }
     } else if (kind == "E") {
       std::string node;
       int64_t t;
       f >> node >> t;
       Pending p = pending[node];
-      for (uint32_t s = p.from.begin; s < p.from.end; ++s) {
-        if (p.to.Contains(s)) continue;
+      for (uint32_t s = 0; s < kRing; ++s) {
+        if (!p.from.Contains(s) || p.to.Contains(s)) continue;
         auto it = open.find({node, s});
         if (it != open.end()) {
           log.intervals[s][it->second].end = t;
@@ -188,7 +207,8 @@ bool Cover(const std::vector<Pod*>& pods) {
     for (const auto& [node, range] : log.current) {
       if (range.Empty()) continue;
       ++nodes;
-      for (uint32_t s = range.begin; s < range.end; ++s) held[s] = true;
+      for (uint32_t s = 0; s < kRing; ++s)
+        held[s] = held[s] || range.Contains(s);
     }
   }
   return nodes == 2 * static_cast<int>(pods.size()) &&
@@ -278,11 +298,11 @@ TEST(FailoverTest, KillPauseAndJoinNeverGiveAShardTwoOwners) {
       std::string kind, node;
       f >> kind;
       if (kind == "B") {
-        uint32_t begin, end;
+        std::string runs;
         uint64_t token;
         int64_t t;
-        f >> node >> begin >> end >> token >> t;
-        emptying[node] = t >= thawed && begin >= end;
+        f >> node >> runs >> token >> t;
+        emptying[node] = t >= thawed && ParseRuns(runs).Empty();
       } else if (kind == "E") {
         int64_t t;
         f >> node >> t;

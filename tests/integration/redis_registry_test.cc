@@ -197,6 +197,62 @@ void AllowGrants(const std::string& address, RedisNodeRegistry& r) {
   Raw(address, {"SET", r.prefix() + ":grants_from", "0"});
 }
 
+TEST_F(RedisRegistryTest, FailoverToALaggingReplicaWithItsClockBehind) {
+  // Before: a holds everything under token t. The grants were made on a
+  // primary whose clock was 10 s ahead of the replica's, so t is 10 s of
+  // microseconds past the replica's clock floor. The replica lacks the last
+  // grants (its counter is back at 1) and has a member whose leave it
+  // lost, with a lease that looks 10 s + a lease away on its clock.
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  auto t = r->Grant(ctx_, "vm", "a/vm/0", {0, 32}, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  const uint64_t ahead = *t + 10'000'000;
+  const std::string p = r->prefix();
+  Raw(server_.address(),
+      {"HSET", p + ":kind:vm:held", "a/vm/0", absl::StrCat("0 32 ", ahead)});
+  Raw(server_.address(), {"SET", p + ":kind:vm:token", "1"});
+  redis::RedisReply now = Raw(server_.address(), {"TIME"});
+  ASSERT_EQ(now.elements.size(), 2u);
+  int64_t now_ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(now.elements[0].str, &now_ms));
+  now_ms *= 1000;
+  Raw(server_.address(), {"ZADD", p + ":kind:vm:members",
+                          absl::StrCat(now_ms + 13'000), "gone/vm/0"});
+  Raw(server_.address(), {"HSET", p + ":kind:vm:held", "gone/vm/0", "32 64 5"});
+  // The failover: another server run.
+  Raw(server_.address(), {"SET", p + ":run", "0000"});
+  // a's pod polls the new primary, reporting the highest token it saw.
+  const absl::Duration lease = absl::Milliseconds(300);
+  auto v = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}},
+                          .lease = lease,
+                          .min_version = version_,
+                          .min_tokens = {{"vm", ahead}}});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_NE(v->epoch, epoch_) << "a failover starts a new epoch";
+  EXPECT_EQ(Raw(server_.address(), {"GET", p + ":kind:vm:token"}).str,
+            absl::StrCat(ahead));
+  // The lost member's lease ends with the new epoch's grace, not 13 s on.
+  redis::RedisReply score =
+      Raw(server_.address(), {"ZSCORE", p + ":kind:vm:members", "gone/vm/0"});
+  int64_t gone_until = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(score.str, &gone_until)) << score.str;
+  EXPECT_LE(gone_until, now_ms + 2'000) << "clamped to one lease";
+  // After the grace: the lost member is gone with its shards, and the
+  // next grant is larger than every token before the failover.
+  absl::StatusOr<uint64_t> next;
+  ASSERT_TRUE(AwaitCondition(
+      [&] {
+        auto w = r->Poll(ctx_, {.kinds = {{"vm", {"a/vm/0"}}}, .lease = lease});
+        if (!w.ok()) return false;
+        next = r->Grant(ctx_, "vm", "a/vm/0", {0, 64}, w->epoch);
+        return next.ok();
+      },
+      absl::Seconds(10)));
+  EXPECT_GT(*next, ahead);
+}
+
 TEST_F(RedisRegistryTest, RestartFromAnOlderSnapshotStartsANewEpoch) {
   auto r = Registry(server_.address());
   auto first = Poll(*r, {"a/vm/0", "b/vm/0"});
@@ -466,8 +522,7 @@ TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
   // (Late plain notices of the polls above may still arrive.)
   std::vector<ChangeNotice> heard = freed();
   ASSERT_EQ(heard.size(), 1u);
-  EXPECT_THAT(heard[0].freed["vm"],
-              ElementsAre(ShardRange{10, 30}, ShardRange{60, 90}));
+  EXPECT_EQ(heard[0].freed["vm"], ShardSet::Of({{10, 30}, {60, 90}}));
   watcher->RemoveChangeListener(id);
 }
 
@@ -491,14 +546,64 @@ TEST_F(RedisRegistryTest, OwnHeldOnlyLeavesOutOthersRecords) {
   EXPECT_EQ(all->kinds["vm"].held.size(), 2u);
 }
 
+TEST(RedisHeldCodecTest, ReadsOneOrMoreRunsInOneSpellingOnly) {
+  absl::StatusOr<Assignment> one = redis::ParseHeld("0 1024 17");
+  ASSERT_THAT(one.status(), IsOk());
+  EXPECT_EQ(one->range, ShardSet(0, 1024));
+  EXPECT_EQ(one->token, 17u);
+  absl::StatusOr<Assignment> more = redis::ParseHeld("0 4 9 12 30 31 5");
+  ASSERT_THAT(more.status(), IsOk());
+  EXPECT_EQ(more->range, ShardSet::Of({{0, 4}, {9, 12}, {30, 31}}));
+  EXPECT_EQ(more->token, 5u);
+  EXPECT_EQ(redis::FormatHeld(*more), "0 4 9 12 30 31 5");
+  EXPECT_EQ(redis::RunsArg(ShardSet()), "");
+  for (const char* bad :
+       {"", "0 4", "4 0 1", "0 4 4 8 1", "0 4 2 8 1", "9 12 0 4 1", "0 4 9 1",
+        "00 4 1", "0  4 1", "0 4 1 ", "0 4294967296 1",
+        "0 4 18446744073709551616", "a b c"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(redis::ParseHeld(bad).status())) << bad;
+  }
+}
+
+TEST_F(RedisRegistryTest, GrantsAndReleasesSeveralRuns) {
+  auto r = Registry(server_.address());
+  ASSERT_THAT(Poll(*r, {"a/vm/0", "b/vm/0"}).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  const ShardSet a_runs = ShardSet::Of({{0, 10}, {20, 30}});
+  absl::StatusOr<uint64_t> t = r->Grant(ctx_, "vm", "a/vm/0", a_runs, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  // Between a's runs is free; any shard of them is not.
+  EXPECT_THAT(r->Grant(ctx_, "vm", "b/vm/0", ShardSet(10, 20), epoch_).status(),
+              IsOk());
+  EXPECT_THAT(
+      r->Grant(ctx_, "vm", "b/vm/0", ShardSet::Of({{10, 20}, {29, 40}}), epoch_)
+          .status(),
+      StatusIs(absl::StatusCode::kAborted));
+  // Keeping a part of each run, then more than is recorded.
+  EXPECT_THAT(
+      r->Release(ctx_, "vm", "a/vm/0", {ShardSet::Of({{0, 5}, {25, 30}}), *t}),
+      IsOk());
+  EXPECT_THAT(r->Release(ctx_, "vm", "a/vm/0", {ShardSet(0, 10), *t}),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  absl::StatusOr<PollResult> after = Poll(*r, {"a/vm/0", "b/vm/0"});
+  ASSERT_THAT(after.status(), IsOk());
+  EXPECT_EQ(after->kinds["vm"].held["a/vm/0"].range,
+            ShardSet::Of({{0, 5}, {25, 30}}));
+  EXPECT_EQ(after->kinds["vm"].held["a/vm/0"].token, *t);
+  EXPECT_EQ(Raw(server_.address(),
+                {"HGET", "{setpoint:default}:kind:vm:held", "a/vm/0"})
+                .str,
+            absl::StrCat("0 5 25 30 ", *t));
+}
+
 TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
   EXPECT_EQ(redis::ParseChangeNotice("me", "me"), std::nullopt);
   EXPECT_EQ(redis::ParseChangeNotice("me\tf\tvm\t1-2", "me"), std::nullopt);
   auto n = redis::ParseChangeNotice("other\tf\tvm\t1-5,7-9\tdb\t0-4", "me");
   ASSERT_TRUE(n.has_value());
   EXPECT_FALSE(n->membership);
-  EXPECT_THAT(n->freed["vm"], ElementsAre(ShardRange{1, 5}, ShardRange{7, 9}));
-  EXPECT_THAT(n->freed["db"], ElementsAre(ShardRange{0, 4}));
+  EXPECT_EQ(n->freed["vm"], ShardSet::Of({{1, 5}, {7, 9}}));
+  EXPECT_EQ(n->freed["db"], ShardSet(0, 4));
   // Anything else, from an older pod or someone else, means look again.
   for (const char* msg :
        {"other", "other\tf", "other\tf\tvm", "other\tf\tvm\t5-1",

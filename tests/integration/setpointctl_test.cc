@@ -165,7 +165,7 @@ std::string Row(const NodeState& n, const std::string& pod,
                 const std::string& state, const std::string& share) {
   return absl::StrCat(n.id, " +", pod, " +", state, " +",
                       std::regex_replace(n.active.range.ToString(),
-                                         std::regex(R"([\[\)])"), R"(\$&)"),
+                                         std::regex(R"([\[\)+])"), R"(\$&)"),
                       " +", share, "% +", n.active.token, " +[0-9.]+m?s");
 }
 
@@ -208,13 +208,14 @@ TEST_F(SetpointctlTest, StatusShowsEveryNodeAsTheManagersSeeIt) {
                                "\"ring_size_recorded\":true"));
   for (NodeManager* pod : {&a, &b}) {
     for (const NodeState& n : pod->Nodes()) {
-      EXPECT_THAT(
-          j.out,
-          HasSubstr(absl::StrCat(
-              "{\"id\":\"", n.id, "\",\"pod\":\"", pod->pod_id(),
-              "\",\"state\":\"active\",\"range\":[", n.active.range.begin, ",",
-              n.active.range.end, "],\"token\":", n.active.token,
-              ",\"share_percent\":25.000,\"lease_expires_in_ms\":")));
+      EXPECT_THAT(j.out,
+                  HasSubstr(absl::StrCat(
+                      "{\"id\":\"", n.id, "\",\"pod\":\"", pod->pod_id(),
+                      "\",\"state\":\"active\",\"range\":[",
+                      n.active.range.Hull().begin, ",",
+                      n.active.range.Hull().end, "],\"shards\":",
+                      n.active.range.RunsJson(), ",\"token\":", n.active.token,
+                      ",\"share_percent\":25.000,\"lease_expires_in_ms\":")));
     }
   }
   EXPECT_THAT(j.out, HasSubstr("\"unowned\":[],\"unowned_shards\":0}],"

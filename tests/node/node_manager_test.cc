@@ -44,8 +44,8 @@ class OwnershipTracker {
              const Assignment& to) {
     MutexLock l(&mu_);
     ++in_progress_;
-    for (uint32_t s = to.range.begin; s < to.range.end; ++s) {
-      if (from.range.Contains(s)) continue;
+    for (uint32_t s = 0; s < kRing; ++s) {
+      if (!to.range.Contains(s) || from.range.Contains(s)) continue;
       if (!owner_[s].empty() && owner_[s] != node) {
         violations_.push_back(node + " took shard " + std::to_string(s) +
                               " still owned by " + owner_[s]);
@@ -62,7 +62,8 @@ class OwnershipTracker {
            const Assignment& to) {
     MutexLock l(&mu_);
     --in_progress_;
-    for (uint32_t s = from.range.begin; s < from.range.end; ++s) {
+    for (uint32_t s = 0; s < kRing; ++s) {
+      if (!from.range.Contains(s)) continue;
       if (!to.range.Contains(s) && owner_[s] == node) owner_[s].clear();
     }
   }
@@ -437,7 +438,8 @@ TEST_F(NodeManagerTest, RecordThatDiffersFromWhatTheNodeHoldsStopsItAtOnce) {
   n = a.Nodes()[0];
   registry_.OverwriteHeld(
       "vm", n.id,
-      {{n.active.range.begin, n.active.range.begin + 1}, n.active.token});
+      {ShardRange{n.active.range.Hull().begin, n.active.range.Hull().begin + 1},
+       n.active.token});
   ASSERT_TRUE(AdvanceUntil([&] { return a.stats().fences == 2; }));
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
 }
@@ -567,6 +569,34 @@ TEST_F(NodeManagerTest, RestoredOlderSnapshotFencesEveryoneForOneLease) {
       << "no grant for one lease after the restart";
 }
 
+TEST_F(NodeManagerTest, TokensNeverGoBackAfterAFailoverThatLostGrants) {
+  // A failover to a replica that lacks b's join and every grant since,
+  // token counter included (no clock floor either, as with a primary whose
+  // clock is behind): the pods report the highest tokens they hold or saw,
+  // so every grant after it is larger (the tracker checks every shard's
+  // tokens grow, at teardown).
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  InMemoryNodeRegistry::Snapshot old = registry_.TakeSnapshot();
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  uint64_t highest = 0;
+  for (NodeManager* m : {&a, &b}) {
+    for (const NodeState& n : m->Nodes()) {
+      highest = std::max(highest, n.active.token);
+    }
+  }
+  registry_.FailOverTo(old);
+  ASSERT_TRUE(AdvanceUntil([&] {
+    return a.stats().epoch_changes >= 1 && b.stats().epoch_changes >= 1;
+  }));
+  ASSERT_TRUE(AdvanceUntil([&] { return AllEmpty(a) && AllEmpty(b); }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  for (NodeManager* m : {&a, &b}) {
+    for (const NodeState& n : m->Nodes()) EXPECT_GT(n.active.token, highest);
+  }
+}
+
 TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
   NodeManager& a = StartPod("a", &faulty_);
   ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
@@ -612,7 +642,8 @@ TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
   faulty_.AnnounceFreed("vm", {{0, kRing}}, 10000);
   Settle();
   for (int i = 0; i < 50; ++i) {  // One at a time, each looked at alone.
-    faulty_.AnnounceFreed("vm", {{0, 1}}, 1);
+    // (The last shard: x keeps the lowest third of the ring, its share.)
+    faulty_.AnnounceFreed("vm", {{kRing - 1, kRing}}, 1);
     Settle();
   }
   // Heard every one, asked again only within the nudge burst (4), two
@@ -737,6 +768,33 @@ TEST_F(NodeManagerTest, FaultyRegistryRefusesDrainsAndDescribeWhileDown) {
   absl::StatusOr<RegistryDescription> d = faulty_.Describe(ctx);
   ASSERT_THAT(d.status(), IsOk());
   EXPECT_TRUE(d->drained.contains("a"));
+}
+
+TEST(NodeManagerOptionsTest, EffectiveFenceMarginIsTheGivenOneOrTheDefault) {
+  NodeManagerOptions o{.poll_interval = absl::Milliseconds(500),
+                       .lease = absl::Seconds(3)};
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(600));  // 20 %.
+  o.lease = absl::Seconds(2);
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(500));  // A poll.
+  o.fence_margin = absl::Milliseconds(250);
+  EXPECT_EQ(EffectiveFenceMargin(o), absl::Milliseconds(250));
+}
+
+TEST(NodeRegistryHelpersTest, KindTargetsIsAssignShardsOverTheSharingMembers) {
+  KindView view;
+  view.members = {"a/vm/0", "a/vm/1", "b/vm/0", "c/vm/0", "c/vm/1"};
+  view.held["a/vm/0"] = Assignment{ShardSet(0, 40), 1};
+  view.held["b/vm/0"] = Assignment{ShardSet::Of({{40, 50}, {60, 64}}), 2};
+  view.held["c/vm/1"] = Assignment{ShardSet(50, 60), 3};
+  const std::set<std::string> drained = {"c"};
+  std::map<std::string, ShardSet> held;
+  for (const auto& [id, a] : view.held) held[id] = a.range;
+  auto want = AssignShards(ShareMembers(view.members, drained), 64, held);
+  auto got = KindTargets(view, drained, 64, {"a/vm/0", "b/vm/0", "c/vm/1"});
+  EXPECT_EQ(got["a/vm/0"], want["a/vm/0"]);
+  EXPECT_EQ(got["b/vm/0"], want["b/vm/0"]);
+  EXPECT_TRUE(got["c/vm/1"].Empty()) << "a drained pod's node gets nothing";
+  EXPECT_EQ(got["a/vm/0"], ShardSet(0, 22));  // Keeps the lowest of its own.
 }
 
 TEST(NodeRegistryHelpersTest, ShareMembersLeavesDrainedPodsOut) {

@@ -2,7 +2,8 @@
 // with one kind, "work", whose nodes wait for their context. Writes one
 // line per event to stdout (each one write(), so the test can wait for it):
 //   started pod=<id>              on_started: the manager started
-//   range node=<id> [<b>,<e>)     UpdateShardRange with a non-empty range
+//   range node=<id> <shards>      UpdateShardRange with a non-empty range
+//                                 ("[b,e)", or "[b,e)+[b,e)..." for runs)
 //   slow update node=<id>         --slow_stop=true: UpdateShardRange with the
 //                                 empty range (the graceful stop), which then
 //                                 blocks for a minute, so a second signal
@@ -65,8 +66,7 @@ class WaitingNode : public setpoint::Node {
                                 const setpoint::Assignment& a) override {
     if (!a.range.Empty()) {
       had_range_ = true;
-      Line(absl::StrCat("range node=", id_, " [", a.range.begin, ",",
-                        a.range.end, ")"));
+      Line(absl::StrCat("range node=", id_, " ", a.range.ToString()));
       return absl::OkStatus();
     }
     if (slow_stop_ && had_range_) {

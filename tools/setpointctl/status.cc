@@ -116,7 +116,9 @@ Status BuildStatus(const RegistryDescription& d) {
           row.share_percent = 100.0 * m.held->range.size() / k.ring_size;
           pod.kinds.back().shards += m.held->range.size();
           pod.holds_shards = pod.holds_shards || !m.held->range.Empty();
-          held.emplace_back(m.held->range, m.id);
+          for (const ShardRange& r : m.held->range.runs()) {
+            held.emplace_back(r, m.id);
+          }
         }
       } else {
         row.state = "expired";
@@ -311,10 +313,12 @@ std::string StatusJson(const Status& s, const StatusSource& source) {
       out += ",\"state\":";
       Json(&out, n.state);
       if (n.held.has_value()) {
-        absl::StrAppend(&out, ",\"range\":[", n.held->range.begin, ",",
-                        n.held->range.end, "],\"token\":", n.held->token);
+        absl::StrAppend(&out, ",\"range\":[", n.held->range.Hull().begin, ",",
+                        n.held->range.Hull().end,
+                        "],\"shards\":", n.held->range.RunsJson(),
+                        ",\"token\":", n.held->token);
       } else {
-        out += ",\"range\":[0,0],\"token\":0";  // Holds nothing.
+        out += ",\"range\":[0,0],\"shards\":[],\"token\":0";  // Holds nothing.
       }
       absl::StrAppend(
           &out, ",\"share_percent\":", absl::StrFormat("%.3f", n.share_percent),

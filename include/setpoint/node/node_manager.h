@@ -147,6 +147,11 @@ struct NodeManagerOptions {
 // ring size <= 0, no factory, lease <= poll_interval, fence_margin >= lease.
 absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& options);
 
+// The fence margin in force: options.fence_margin, or when it is zero
+// max(20% of lease, poll_interval). The one place the node layer writes the
+// rule.
+absl::Duration EffectiveFenceMargin(const NodeManagerOptions& options);
+
 // The default pod id: "<hostname>-<pid>".
 std::string DefaultPodId();
 
@@ -254,12 +259,12 @@ class NodeManager {
     Slot* slot = nullptr;
     KindView* view = nullptr;
     std::optional<Assignment> release;  // What the node keeps.
-    std::optional<ShardRange> grant;    // After the release, if any.
+    std::optional<ShardSet> grant;      // After the release, if any.
     bool deregister = false;            // A failed node leaves.
   };
   // One node's next move: queues its shrinks itself, returns what needs
   // the registry.
-  std::optional<Move> Step(Slot& slot, KindView& view, ShardRange target);
+  std::optional<Move> Step(Slot& slot, KindView& view, ShardSet target);
   // Sends the moves' releases and grants in one Handoff (deregistrations
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
@@ -330,6 +335,9 @@ class NodeManager {
   // A release freed shards a refused grant waits for: ask again (without a
   // poll) once a nudge token allows.
   bool grant_retry_ ABSL_GUARDED_BY(mu_) = false;
+  // A refused grant already asked for an early poll (once per streak of
+  // refusals: reset by a grant or an announced change).
+  bool refusal_polled_ ABSL_GUARDED_BY(mu_) = false;
   double nudge_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time nudge_refilled_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // When the interval asks for the next poll.
@@ -339,12 +347,15 @@ class NodeManager {
   absl::Time grants_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Kind -> targets of the grants sent in the last handoff and not
   // granted: a notice that frees any of their shards makes us ask again.
-  std::map<std::string, std::vector<ShardRange>> wants_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardSet> wants_ ABSL_GUARDED_BY(mu_);
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;
+  // Kind -> the highest token seen in a poll or granted to our nodes
+  // (PollRequest::min_tokens).
+  std::map<std::string, uint64_t> max_tokens_;
   std::optional<PollResult> last_view_;
-  std::map<std::string, std::map<std::string, ShardRange>> last_targets_;
+  std::map<std::string, std::map<std::string, ShardSet>> last_targets_;
   // The loop is blocked until wait_until_ (for Idle()).
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time wait_until_ ABSL_GUARDED_BY(mu_);

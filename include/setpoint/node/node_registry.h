@@ -57,6 +57,11 @@ struct PollRequest {
   // whose state is older than that went back in time (a restore from an
   // older snapshot, a failover that lost writes): it starts a new epoch.
   uint64_t min_version = 0;
+  // Kind -> the highest token this pod holds or has seen in the kind (0 or
+  // missing: none). The registry's next grants in the kind are larger,
+  // whatever it lost (a failover to a replica that lacks the last grants,
+  // a restart from an older snapshot) and whatever its clock says.
+  std::map<std::string, uint64_t> min_tokens = {};
   // Return in KindView::held only the records of the nodes named in
   // `kinds` (what a NodeManager reads: it checks its own records, and the
   // registry checks everyone else's at each grant). Less to send and read
@@ -108,7 +113,7 @@ struct HandoffRequest {
   struct GrantOp {
     std::string kind;
     std::string node_id;
-    ShardRange target;
+    ShardSet target;
   };
   // Applied first, in order, each exactly as Release would.
   std::vector<ReleaseOp> releases = {};
@@ -134,7 +139,7 @@ struct ChangeNotice {
   // When not `membership`: only releases happened, and these shards (per
   // kind) became free. A pod that waits to grow into none of them has
   // nothing new to try.
-  std::map<std::string, std::vector<ShardRange>> freed;
+  std::map<std::string, ShardSet> freed;
 };
 
 // One node as the registry records it (Describe).
@@ -189,6 +194,15 @@ std::string_view PodOfNodeId(std::string_view node_id);
 std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
                                       const std::set<std::string>& drained);
 
+// The targets of `ids` in one kind, as every NodeManager computes them:
+// AssignShards over ShareMembers(view.members, drained) and what the view
+// says each holds (KindView::held must hold every live member's record: a
+// poll without PollRequest::own_held_only). An id that does not share gets
+// the empty set.
+absl::flat_hash_map<std::string, ShardSet> KindTargets(
+    const KindView& view, const std::set<std::string>& drained,
+    uint32_t ring_size, const std::vector<std::string>& ids);
+
 // Checks an id given to SetDrained: non-empty, printable ASCII without
 // spaces or '/'. kInvalidArgument naming it otherwise.
 absl::Status ValidatePodId(std::string_view pod_id);
@@ -234,7 +248,7 @@ class NodeRegistry {
   virtual absl::StatusOr<uint64_t> Grant(const Context& ctx,
                                          const std::string& kind,
                                          const std::string& node_id,
-                                         ShardRange target,
+                                         ShardSet target,
                                          const std::string& epoch) = 0;
 
   // Runs the request's releases, then its grants, each with the result

@@ -47,7 +47,7 @@ class InMemoryNodeRegistry : public NodeRegistry {
   absl::Status Release(const Context& ctx, const std::string& kind,
                        const std::string& node_id, Assignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id, ShardRange target,
+                                 const std::string& node_id, ShardSet target,
                                  const std::string& epoch) override;
   absl::Status Deregister(const Context& ctx, const std::string& kind,
                           const std::vector<std::string>& node_ids) override;
@@ -69,6 +69,11 @@ class InMemoryNodeRegistry : public NodeRegistry {
   struct Snapshot;
   Snapshot TakeSnapshot() const;
   void Restore(const Snapshot& snapshot);
+  // Restore, as a failover to a replica that lacks everything after the
+  // snapshot, token counters included: the tokens granted since are
+  // forgotten (Restore keeps them as a floor). Only what the pods report
+  // (PollRequest::min_tokens) keeps the next grants above them.
+  void FailOverTo(const Snapshot& snapshot);
 
   // Writes a record for `node_id` as someone else might (tests of the rule
   // that a node whose record differs from what it holds stops at once).

@@ -84,7 +84,7 @@ class RedisNodeRegistry : public NodeRegistry {
   absl::Status Release(const Context& ctx, const std::string& kind,
                        const std::string& node_id, Assignment keep) override;
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id, ShardRange target,
+                                 const std::string& node_id, ShardSet target,
                                  const std::string& epoch) override;
   // One round trip and one script for all of them.
   absl::StatusOr<HandoffResult> Handoff(const Context& ctx,

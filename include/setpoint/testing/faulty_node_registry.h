@@ -53,7 +53,7 @@ class FaultyNodeRegistry : public NodeRegistry {
   void AnnounceFreed(const std::string& kind, std::vector<ShardRange> freed,
                      int n) {
     ChangeNotice notice{.membership = false, .freed = {}};
-    notice.freed[kind] = std::move(freed);
+    notice.freed[kind] = ShardSet::Of(std::move(freed));
     AnnounceNotice(notice, n);
   }
   // The next `n` grants that succeed take effect in the wrapped registry
@@ -74,7 +74,7 @@ class FaultyNodeRegistry : public NodeRegistry {
     return base_->Release(ctx, kind, node_id, keep);
   }
   absl::StatusOr<uint64_t> Grant(const Context& ctx, const std::string& kind,
-                                 const std::string& node_id, ShardRange target,
+                                 const std::string& node_id, ShardSet target,
                                  const std::string& epoch) override {
     if (absl::Status s = Fault("grant"); !s.ok()) return s;
     absl::StatusOr<uint64_t> token =

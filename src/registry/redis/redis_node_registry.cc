@@ -95,6 +95,67 @@ local function bump_version(key)
   redis.call('SET', key, n)
   return n
 end
+-- A held record, "<begin> <end> [<begin> <end> ...] <token>": its runs
+-- (sorted, disjoint, none empty) and its token; nil when it is not exactly
+-- that.
+local function runs_text(runs)
+  local parts = {}
+  for i = 1, #runs do
+    parts[#parts + 1] = num(runs[i][1]) .. ' ' .. num(runs[i][2])
+  end
+  return table.concat(parts, ' ')
+end
+local function parse_runs(s, need_token)
+  if type(s) ~= 'string' or #s > 100000 then return nil end
+  local words = {}
+  for w in string.gmatch(s, '[^ ]+') do
+    if #w > 20 or not string.match(w, '^%d+$') then return nil end
+    words[#words + 1] = w
+  end
+  local tok = nil
+  if need_token then
+    if #words < 3 or #words % 2 == 0 then return nil end
+    tok = table.remove(words)
+  elseif #words % 2 == 1 then
+    return nil
+  end
+  local runs, last = {}, -1
+  for i = 1, #words, 2 do
+    local b, e = tonumber(words[i]), tonumber(words[i + 1])
+    if b >= e or b <= last or e > 4294967295 then return nil end
+    runs[#runs + 1] = {b, e}
+    last = e
+  end
+  local canon = runs_text(runs)
+  if tok then canon = canon .. ' ' .. tok end
+  if canon ~= s then return nil end
+  return runs, tok
+end
+local function parse_held(v) return parse_runs(v, true) end
+local function runs_overlap(a, b)
+  local i, j = 1, 1
+  while i <= #a and j <= #b do
+    if a[i][1] < b[j][2] and b[j][1] < a[i][2] then return true end
+    if a[i][2] <= b[j][2] then i = i + 1 else j = j + 1 end
+  end
+  return false
+end
+-- The shards of `a` that are not in `b`, as runs.
+local function runs_minus(a, b)
+  local out, j = {}, 1
+  for i = 1, #a do
+    local lo, hi = a[i][1], a[i][2]
+    while j <= #b and b[j][2] <= lo do j = j + 1 end
+    local k = j
+    while lo < hi and k <= #b and b[k][1] < hi do
+      if b[k][1] > lo then out[#out + 1] = {lo, b[k][1]} end
+      lo = math.max(lo, b[k][2])
+      k = k + 1
+    end
+    if lo < hi then out[#out + 1] = {lo, hi} end
+  end
+  return out
+end
 local function parse_gf(gfs)
   if gfs and #gfs <= 15 and string.match(gfs, '^%d+$') then
     return tonumber(gfs)
@@ -103,11 +164,11 @@ local function parse_gf(gfs)
 end
 )lua";
 
-// KEYS: epoch, grants_from, run, version, drained, kinds, then members,
-// held, token per kind.
+// KEYS: epoch, grants_from, run, version, drained, kinds, clamped (kind ->
+// the epoch whose leases were clamped), then members, held, token per kind.
 // ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
 // own held only ('1': the held records of the given ids only), then per
-// kind: kind, ring size ('' for none), n, ids...
+// kind: kind, ring size ('' for none), min token ('' for none), n, ids...
 // Starts a new epoch when the state is missing, was written under another
 // server run (a restart or failover: it may be an older snapshot) or is
 // older than a version the caller saw; renews the given members, expires
@@ -126,11 +187,12 @@ for i = 1, 4 do
   if e then return redis.error_reply(e) end
 end
 do
-  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash')
+  local e = wrong_type(KEYS[5], 'hash') or wrong_type(KEYS[6], 'hash') or
+            wrong_type(KEYS[7], 'hash')
   if e then return redis.error_reply(e) end
 end
 for k = 1, nkinds do
-  local b = 6 + 3 * (k - 1)
+  local b = 7 + 3 * (k - 1)
   local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
             wrong_type(KEYS[b + 3], 'string')
   if e then return redis.error_reply(e) end
@@ -188,12 +250,32 @@ local own_only = ARGV[7] == '1'
 local ai = 8
 local horizon = now + 2 * lease
 for k = 1, nkinds do
-  local b = 6 + 3 * (k - 1)
+  local b = 7 + 3 * (k - 1)
   local members, held = KEYS[b + 1], KEYS[b + 2]
   local kind = ARGV[ai]
   local ring = ARGV[ai + 1]
-  local n = tonumber(ARGV[ai + 2])
-  ai = ai + 3
+  local min_token = ARGV[ai + 2]
+  local n = tonumber(ARGV[ai + 3])
+  ai = ai + 4
+  -- Tokens never go back: the counter is at least the highest token a pod
+  -- holds or has seen (a failover may have lost the grants that raised it,
+  -- and the new primary's clock may be behind).
+  if dec_ok(min_token) then
+    local tok = redis.call('GET', KEYS[b + 3]) or '0'
+    if dec_lt(tok, min_token) then redis.call('SET', KEYS[b + 3], min_token) end
+  end
+  -- Once per epoch and kind: no lease ends later than one lease from now.
+  -- Members restored from an older state (lost in a failover's lag, on a
+  -- primary whose clock is behind) then expire at the end of the epoch's
+  -- grace, with what they hold, instead of blocking it for longer.
+  if redis.call('HGET', KEYS[7], kind) ~= epoch then
+    local far = redis.call('ZRANGEBYSCORE', members, '(' .. num(now + lease),
+                           '+inf')
+    for _, id in ipairs(far) do
+      redis.call('ZADD', members, num(now + lease), id)
+    end
+    redis.call('HSET', KEYS[7], kind, epoch)
+  end
   if ring ~= '' then
     if redis.call('HGET', KEYS[6], kind) ~= ring then
       redis.call('HSET', KEYS[6], kind, ring)
@@ -252,19 +334,21 @@ return {epoch, num(gf), num(now), version, reason, views, warnings,
         redis.call('HGETALL', KEYS[5])}
 )lua";
 
-// KEYS: members, held, version. ARGV: node, begin, end, token, channel,
-// message.
-// Shrinks the node's record to [begin,end) if it is recorded under `token`
-// and covers it; an empty range drops whatever is recorded.
+// KEYS: members, held, version. ARGV: node, runs ("<b> <e> ..." of what
+// the node keeps; '' for nothing), token, channel, message.
+// Shrinks the node's record to the kept runs if it is recorded under
+// `token` and covers them; nothing kept drops whatever is recorded.
 constexpr char kReleaseScript[] = R"lua(
 local e = wrong_type(KEYS[2], 'hash') or wrong_type(KEYS[3], 'string')
 if e then return redis.error_reply(e) end
 local cur = redis.call('HGET', KEYS[2], ARGV[1])
-if tonumber(ARGV[2]) >= tonumber(ARGV[3]) then
+local keep = parse_runs(ARGV[2], false)
+if not keep then return redis.error_reply('release: bad runs') end
+if #keep == 0 then
   if cur then
     redis.call('HDEL', KEYS[2], ARGV[1])
     bump_version(KEYS[3])
-    redis.call('PUBLISH', ARGV[5], ARGV[6])
+    redis.call('PUBLISH', ARGV[4], ARGV[5])
   end
   return 'OK'
 end
@@ -272,28 +356,28 @@ if not cur then
   return redis.error_reply('SETPOINT_PRECONDITION the registry records ' ..
                            'nothing for the node')
 end
-local cb, ce, ct = string.match(cur, '^(%d+) (%d+) (%d+)$')
-if not cb then
+local cruns, ct = parse_held(cur)
+if not cruns then
   return redis.error_reply('SETPOINT_PRECONDITION held value ' .. quote(cur) ..
                            ' does not parse')
 end
-if strip(ct) ~= strip(ARGV[4]) then
+if strip(ct) ~= strip(ARGV[3]) then
   return redis.error_reply('SETPOINT_PRECONDITION the record has token ' ..
-                           ct .. ', not ' .. ARGV[4])
+                           ct .. ', not ' .. ARGV[3])
 end
-if tonumber(ARGV[2]) < tonumber(cb) or tonumber(ARGV[3]) > tonumber(ce) then
+if #runs_minus(keep, cruns) > 0 then
   return redis.error_reply('SETPOINT_PRECONDITION not within the recorded ' ..
-                           'range [' .. cb .. ',' .. ce .. ')')
+                           'shards ' .. quote(cur))
 end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ct)
+redis.call('HSET', KEYS[2], ARGV[1], runs_text(keep) .. ' ' .. ct)
 bump_version(KEYS[3])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 'OK'
 )lua";
 
 // KEYS: epoch, grants_from, run, version, members, held, token.
-// ARGV: node, begin, end, channel, epoch, message.
-// Grants [begin,end) if the state is still the epoch the caller polled, the
+// ARGV: node, runs ("<b> <e> ..."), channel, epoch, message.
+// Grants the runs if the state is still the epoch the caller polled, the
 // node is live, grants are allowed, and no other live member holds any of
 // it. Tokens only grow, also across a loss of Redis's state: each is at
 // least the server time in microseconds. A grant announces nothing: nobody
@@ -308,10 +392,10 @@ local e = wrong_type(KEYS[5], 'zset') or wrong_type(KEYS[6], 'hash') or
           wrong_type(KEYS[7], 'string')
 if e then return redis.error_reply(e) end
 local epoch = redis.call('GET', KEYS[1])
-if epoch ~= ARGV[5] or redis.call('GET', KEYS[3]) ~= run_id() then
+if epoch ~= ARGV[4] or redis.call('GET', KEYS[3]) ~= run_id() then
   return redis.error_reply('SETPOINT_ABORTED the registry state changed ' ..
     'since the poll (epoch ' .. quote(epoch or '(none)') .. ', the pod saw ' ..
-    quote(ARGV[5]) .. ', or redis restarted); poll again')
+    quote(ARGV[4]) .. ', or redis restarted); poll again')
 end
 local gfs = redis.call('GET', KEYS[2])
 local gf = parse_gf(gfs)
@@ -327,23 +411,24 @@ local score = redis.call('ZSCORE', KEYS[5], ARGV[1])
 if not score or tonumber(score) <= now then
   return redis.error_reply('SETPOINT_NOT_MEMBER not a live member (lease expired)')
 end
-local b, en = tonumber(ARGV[2]), tonumber(ARGV[3])
+local want = parse_runs(ARGV[2], false)
+if not want or #want == 0 then return redis.error_reply('grant: bad runs') end
 local held = redis.call('HGETALL', KEYS[6])
 for i = 1, #held, 2 do
   local id = held[i]
   if id ~= ARGV[1] then
     local s = redis.call('ZSCORE', KEYS[5], id)
     if s and tonumber(s) > now then
-      local ob, oe = string.match(held[i + 1], '^(%d+) (%d+) %d+$')
-      if not ob then
+      local oruns = parse_held(held[i + 1])
+      if not oruns then
         return redis.error_reply('SETPOINT_ABORTED held value of ' ..
           quote(id) .. ' is ' .. quote(held[i + 1]) .. ' and does not ' ..
-          'parse (expected "<begin> <end> <token>"); treated as holding ' ..
-          'everything')
+          'parse (expected "<begin> <end> [<begin> <end> ...] <token>"); ' ..
+          'treated as holding everything')
       end
-      if tonumber(ob) < en and b < tonumber(oe) then
+      if runs_overlap(want, oruns) then
         return redis.error_reply('SETPOINT_ABORTED shards still held by ' ..
-                                 id .. ' [' .. ob .. ',' .. oe .. ')')
+                                 id .. ' ' .. quote(held[i + 1]))
       end
     end
   end
@@ -361,15 +446,15 @@ if not dec_ok(token) then
     ' is at the largest token; no further grant is possible')
 end
 redis.call('SET', KEYS[7], token)
-redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. token)
+redis.call('HSET', KEYS[6], ARGV[1], runs_text(want) .. ' ' .. token)
 bump_version(KEYS[4])
 return token
 )lua";
 
 // KEYS: epoch, grants_from, run, version, then members, held, token per
 // kind. ARGV: channel, message, epoch, kinds, then per kind: kind,
-// releases n, n x (node, begin, end, token), grants m, m x (node, begin,
-// end).
+// releases n, n x (node, kept runs "<b> <e> ..." ('' for none), token),
+// grants m, m x (node, runs).
 // Runs every release as kReleaseScript does, then every grant as
 // kGrantScript does (each seeing the ones before it), and announces once
 // if a release changed anything: "<message>\tf\t<kind>\t<b>-<e>,..." names
@@ -402,25 +487,27 @@ for k = 1, nkinds do
   local res = {}
   local refused = {}
   local freed = {}
-  local function free(fb, fe)
-    if tonumber(fb) < tonumber(fe) then
-      table.insert(freed, strip(fb) .. '-' .. strip(fe))
+  local function free(runs)
+    for i = 1, #runs do
+      table.insert(freed, num(runs[i][1]) .. '-' .. num(runs[i][2]))
     end
   end
   local nrel = tonumber(ARGV[ai])
   ai = ai + 1
   for r = 1, nrel do
-    local node, rb, re, rt = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3]
-    ai = ai + 4
+    local node, rs, rt = ARGV[ai], ARGV[ai + 1], ARGV[ai + 2]
+    ai = ai + 3
+    local keep = parse_runs(rs, false)
+    if not keep then return redis.error_reply('handoff: bad runs') end
     local cur = redis.call('HGET', held, node)
     local err = nil
-    if tonumber(rb) >= tonumber(re) then
+    if #keep == 0 then
       if cur then
         redis.call('HDEL', held, node)
         released = true
-        local cb, ce = string.match(cur, '^(%d+) (%d+) %d+$')
-        if cb then
-          free(cb, ce)
+        local cruns = parse_held(cur)
+        if cruns then
+          free(cruns)
         else
           unknown = true
         end
@@ -428,23 +515,22 @@ for k = 1, nkinds do
     elseif not cur then
       err = 'SETPOINT_PRECONDITION the registry records nothing for the node'
     else
-      local cb, ce, ct = string.match(cur, '^(%d+) (%d+) (%d+)$')
-      if not cb then
+      local cruns, ct = parse_held(cur)
+      if not cruns then
         err = 'SETPOINT_PRECONDITION held value ' .. quote(cur) ..
               ' does not parse'
       elseif strip(ct) ~= strip(rt) then
         err = 'SETPOINT_PRECONDITION the record has token ' .. ct ..
               ', not ' .. rt
-      elseif tonumber(rb) < tonumber(cb) or tonumber(re) > tonumber(ce) then
-        err = 'SETPOINT_PRECONDITION not within the recorded range [' ..
-              cb .. ',' .. ce .. ')'
+      elseif #runs_minus(keep, cruns) > 0 then
+        err = 'SETPOINT_PRECONDITION not within the recorded shards ' ..
+              quote(cur)
       else
-        local v = rb .. ' ' .. re .. ' ' .. ct
+        local v = runs_text(keep) .. ' ' .. ct
         if v ~= cur then
           redis.call('HSET', held, node, v)
           released = true
-          free(cb, rb)
-          free(re, ce)
+          free(runs_minus(cruns, keep))
         end
       end
     end
@@ -481,34 +567,35 @@ for k = 1, nkinds do
       local sc = redis.call('ZSCORE', members, id)
       return sc ~= false and sc ~= nil and tonumber(sc) > now
     end
+    local wants = {}
     local lo, hi = math.huge, -1
     for g = 0, ngr - 1 do
-      lo = math.min(lo, tonumber(ARGV[ai + 3 * g + 1]))
-      hi = math.max(hi, tonumber(ARGV[ai + 3 * g + 2]))
+      local w = parse_runs(ARGV[ai + 2 * g + 1], false)
+      if not w or #w == 0 then return redis.error_reply('handoff: bad runs') end
+      wants[g + 1] = w
+      lo = math.min(lo, w[1][1])
+      hi = math.max(hi, w[#w][2])
     end
     local ranges = {}
     local h = redis.call('HGETALL', held)
     for i = 1, #h, 2 do
-      local ob, oe = string.match(h[i + 1], '^(%d+) (%d+) %d+$')
-      if not ob then
+      local oruns = parse_held(h[i + 1])
+      if not oruns then
         if is_live(h[i]) then ranges[h[i]] = quote(h[i + 1]) end
-      else
-        ob, oe = tonumber(ob), tonumber(oe)
-        if ob < hi and lo < oe and is_live(h[i]) then
-          ranges[h[i]] = {ob, oe}
-        end
+      elseif oruns[1][1] < hi and lo < oruns[#oruns][2] and is_live(h[i]) then
+        ranges[h[i]] = oruns
       end
     end
     local live = {}
     for g = 0, ngr - 1 do
-      local id = ARGV[ai + 3 * g]
+      local id = ARGV[ai + 2 * g]
       if live[id] == nil then live[id] = is_live(id) end
     end
     local last = redis.call('GET', tokkey) or '0'
     for g = 1, ngr do
       local node = ARGV[ai]
-      local gb, ge = tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
-      ai = ai + 3
+      local want = wants[g]
+      ai = ai + 2
       local err = common
       if not err and refused[node] then
         err = 'SETPOINT_ABORTED its release in the same handoff failed'
@@ -522,10 +609,10 @@ for k = 1, nkinds do
             if type(r) == 'string' then
               err = 'SETPOINT_ABORTED held value of ' .. quote(id) .. ' is ' ..
                 r .. ' and does not parse (expected "<begin> <end> ' ..
-                '<token>"); treated as holding everything'
-            elseif r[1] < ge and gb < r[2] then
-              err = 'SETPOINT_ABORTED shards still held by ' .. id .. ' [' ..
-                num(r[1]) .. ',' .. num(r[2]) .. ')'
+                '[<begin> <end> ...] <token>"); treated as holding everything'
+            elseif runs_overlap(want, r) then
+              err = 'SETPOINT_ABORTED shards still held by ' .. id .. ' ' ..
+                quote(runs_text(r))
             end
             if err then break end
           end
@@ -550,8 +637,8 @@ for k = 1, nkinds do
       else
         last = token
         redis.call('SET', tokkey, token)
-        redis.call('HSET', held, node, num(gb) .. ' ' .. num(ge) .. ' ' .. token)
-        ranges[node] = {gb, ge}
+        redis.call('HSET', held, node, runs_text(want) .. ' ' .. token)
+        ranges[node] = want
         granted = true
         table.insert(res, 'T ' .. token)
       end
@@ -902,9 +989,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                      absl::FormatDuration(request.lease)));
   }
   Impl& d = *impl_;
-  std::vector<std::string> keys = {d.Key("epoch"),   d.Key("grants_from"),
-                                   d.Key("run"),     d.Key("version"),
-                                   d.Key("drained"), d.Key("kinds")};
+  std::vector<std::string> keys = {
+      d.Key("epoch"),   d.Key("grants_from"), d.Key("run"),    d.Key("version"),
+      d.Key("drained"), d.Key("kinds"),       d.Key("clamped")};
   std::vector<std::string> args = {
       // A new id each time: the one written when a new epoch starts must
       // differ from every epoch anyone saw before.
@@ -926,6 +1013,10 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
     args.push_back(ring == request.ring_sizes.end()
                        ? std::string()
                        : absl::StrCat(ring->second));
+    auto token = request.min_tokens.find(kind);
+    args.push_back(token == request.min_tokens.end()
+                       ? std::string()
+                       : absl::StrCat(token->second));
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
@@ -955,8 +1046,8 @@ absl::Status RedisNodeRegistry::Release(const Context& ctx,
   absl::StatusOr<RedisReply> reply = d.Eval(
       ctx, d.release,
       {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version")},
-      {node_id, absl::StrCat(keep.range.begin), absl::StrCat(keep.range.end),
-       absl::StrCat(keep.token), d.channel, d.instance},
+      {node_id, redis::RunsArg(keep.range), absl::StrCat(keep.token), d.channel,
+       d.instance},
       absl::StrCat("release node=", node_id, " range=", keep.range.ToString(),
                    " token=", keep.token));
   return reply.status();
@@ -965,22 +1056,20 @@ absl::Status RedisNodeRegistry::Release(const Context& ctx,
 absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
                                                   const std::string& kind,
                                                   const std::string& node_id,
-                                                  ShardRange target,
+                                                  ShardSet set,
                                                   const std::string& epoch) {
   const std::string what =
-      absl::StrCat("grant node=", node_id, " range=", target.ToString());
-  if (target.Empty()) {
+      absl::StrCat("grant node=", node_id, " range=", set.ToString());
+  if (set.Empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": empty range"));
   }
   Impl& d = *impl_;
-  absl::StatusOr<RedisReply> reply =
-      d.Eval(ctx, d.grant,
-             {d.Key("epoch"), d.Key("grants_from"), d.Key("run"),
-              d.Key("version"), d.KindKey(kind, "members"),
-              d.KindKey(kind, "held"), d.KindKey(kind, "token")},
-             {node_id, absl::StrCat(target.begin), absl::StrCat(target.end),
-              d.channel, epoch, d.instance},
-             what);
+  absl::StatusOr<RedisReply> reply = d.Eval(
+      ctx, d.grant,
+      {d.Key("epoch"), d.Key("grants_from"), d.Key("run"), d.Key("version"),
+       d.KindKey(kind, "members"), d.KindKey(kind, "held"),
+       d.KindKey(kind, "token")},
+      {node_id, redis::RunsArg(set), d.channel, epoch, d.instance}, what);
   if (!reply.ok()) return reply.status();
   absl::StatusOr<uint64_t> token = redis::ParseToken(reply->str);
   if (!token.ok()) {
@@ -1029,15 +1118,13 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
       Assignment keep = request.releases[i].keep;
       if (keep.range.Empty()) keep = Assignment{};
       args.push_back(request.releases[i].node_id);
-      args.push_back(absl::StrCat(keep.range.begin));
-      args.push_back(absl::StrCat(keep.range.end));
+      args.push_back(redis::RunsArg(keep.range));
       args.push_back(absl::StrCat(keep.token));
     }
     args.push_back(absl::StrCat(ops.grants.size()));
     for (size_t i : ops.grants) {
       args.push_back(request.grants[i].node_id);
-      args.push_back(absl::StrCat(request.grants[i].target.begin));
-      args.push_back(absl::StrCat(request.grants[i].target.end));
+      args.push_back(redis::RunsArg(request.grants[i].target));
     }
   }
   absl::StatusOr<RedisReply> reply =

@@ -143,13 +143,18 @@ bool UsableMemberId(absl::string_view id, absl::string_view kind) {
     auto c = static_cast<unsigned char>(ch);
     if (c < 0x20 || c == 0x7f || c == ' ') return false;
   }
-  std::vector<absl::string_view> parts = absl::StrSplit(id, '/');
-  if (parts.size() != 3 || parts[0].empty() || parts[1] != kind ||
-      parts[2].empty()) {
+  // "<pod>/<kind>/<index>" without splitting (every poll checks every id).
+  const size_t first = id.find('/');
+  if (first == 0 || first == absl::string_view::npos) return false;
+  absl::string_view rest = id.substr(first + 1);
+  if (rest.size() < kind.size() + 2 || rest.substr(0, kind.size()) != kind ||
+      rest[kind.size()] != '/') {
     return false;
   }
-  return std::all_of(parts[2].begin(), parts[2].end(),
-                     [](char c) { return c >= '0' && c <= '9'; });
+  absl::string_view index = rest.substr(kind.size() + 1);
+  return !index.empty() && std::all_of(index.begin(), index.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
 }
 
 }  // namespace
@@ -164,19 +169,55 @@ absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
 }
 
 absl::StatusOr<Assignment> ParseHeld(absl::string_view text) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
-  Assignment a;
-  uint64_t begin = 0, end = 0;
-  if (parts.size() != 3 || !ParseDecimal(parts[0], &begin) ||
-      !ParseDecimal(parts[1], &end) || !ParseDecimal(parts[2], &a.token) ||
-      begin >= end || end > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("held value ", Quote(text),
-                     " is not \"<begin> <end> <token>\" with begin < end"));
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "held value ", Quote(text),
+        " is not \"<begin> <end> [<begin> <end> ...] <token>\" with sorted, "
+        "non-empty, separate runs"));
+  };
+  // Decimal words separated by single spaces, no leading zeros: the one
+  // spelling FormatHeld writes (the scripts compare records as text).
+  std::vector<uint64_t> words;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = i;
+    while (j < text.size() && text[j] != ' ') ++j;
+    uint64_t v = 0;
+    absl::string_view word = text.substr(i, j - i);
+    if (!ParseDecimal(word, &v) || (word.size() > 1 && word[0] == '0')) {
+      return bad();
+    }
+    words.push_back(v);
+    i = j + 1;
   }
-  a.range =
-      ShardRange{static_cast<uint32_t>(begin), static_cast<uint32_t>(end)};
+  if (words.size() < 3 || words.size() % 2 == 0) return bad();
+  Assignment a;
+  a.token = words.back();
+  std::vector<ShardRange> runs;
+  runs.reserve(words.size() / 2);
+  for (size_t k = 0; k + 1 < words.size(); k += 2) {
+    const uint64_t begin = words[k], end = words[k + 1];
+    if (begin >= end || end > std::numeric_limits<uint32_t>::max() ||
+        (k > 0 && begin <= words[k - 1])) {
+      return bad();
+    }
+    runs.push_back(
+        ShardRange{static_cast<uint32_t>(begin), static_cast<uint32_t>(end)});
+  }
+  a.range = ShardSet::Of(std::move(runs));
   return a;
+}
+
+std::string RunsArg(const ShardSet& shards) {
+  std::string out;
+  for (const ShardRange& r : shards.runs()) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", r.begin, " ", r.end);
+  }
+  return out;
+}
+
+std::string FormatHeld(const Assignment& a) {
+  return absl::StrCat(RunsArg(a.range), " ", a.token);
 }
 
 absl::StatusOr<DecodedPoll> DecodePollReply(
@@ -431,7 +472,7 @@ std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
     return notice;
   }
   for (size_t i = 2; i + 1 < parts.size(); i += 2) {
-    std::vector<ShardRange>& ranges = notice.freed[std::string(parts[i])];
+    std::vector<ShardRange> ranges;
     for (absl::string_view r : absl::StrSplit(parts[i + 1], ',')) {
       std::pair<absl::string_view, absl::string_view> be =
           absl::StrSplit(r, absl::MaxSplits('-', 1));
@@ -442,6 +483,8 @@ std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
       }
       ranges.push_back(ShardRange{b, e});
     }
+    ShardSet& freed = notice.freed[std::string(parts[i])];
+    freed = freed.Union(ShardSet::Of(std::move(ranges)));
   }
   notice.membership = false;
   return notice;

@@ -27,9 +27,15 @@ namespace setpoint::redis {
 // the only form a token (or a version) takes. kInvalidArgument otherwise.
 absl::StatusOr<uint64_t> ParseToken(absl::string_view text);
 
-// "<begin> <end> <token>" with begin < end (a held range is never empty).
-// kInvalidArgument otherwise.
+// "<begin> <end> [<begin> <end> ...] <token>": one or more runs, each
+// begin < end, sorted and apart (a held record is never empty), exactly as
+// FormatHeld writes them. kInvalidArgument otherwise.
 absl::StatusOr<Assignment> ParseHeld(absl::string_view text);
+// The runs of `shards` as the scripts take them: "<begin> <end> ..." ("" for
+// none).
+std::string RunsArg(const ShardSet& shards);
+// A held record: RunsArg(a.range) + " <token>".
+std::string FormatHeld(const Assignment& a);
 
 // What one poll returned, decoded.
 struct DecodedPoll {

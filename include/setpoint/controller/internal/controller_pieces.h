@@ -130,7 +130,7 @@ template <class K>
 KeyFilter<K> FilterFor(const Assignment& a) {
   if (a.range.Empty()) return [](const K&) { return false; };
   // The whole ring (one node of the kind, a leader): no key to refuse.
-  if (a.range.begin == 0 && a.range.end >= a.ring_size) return nullptr;
+  if (a.range.Covers(ShardRange{0, a.ring_size})) return nullptr;
   return [range = a.range, ring = a.ring_size](const K& key) {
     return range.Contains(ShardOf(key, ring));
   };
