@@ -41,7 +41,9 @@
 #include "benchmark/benchmark.h"
 #include "ingest_batches.h"
 #include "process_threads.h"
+#include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
+#include "setpoint/base/mutex.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/syncer.h"
 #include "setpoint/processor/updater_pool.h"
@@ -419,25 +421,56 @@ BENCHMARK(BM_SyncerResyncWarm)
 // path. It does not report observed state back, so each key then waits for
 // an observation (expectation_timeout, 30 s): that bookkeeping is part of
 // every successful operation and is measured too.
+// Lets the benchmark's thread sleep until a client has seen `target` calls
+// (or operations), instead of polling while the runner and the updaters
+// work: a polling thread takes one of the two cores from them.
+class CallTarget {
+ public:
+  void Set(int64_t target) { target_.store(target); }
+  void Count(int64_t n) {
+    if (seen_.fetch_add(n, std::memory_order_relaxed) + n == target_.load()) {
+      MutexLock l(&mu_);
+      reached_ = true;
+      cv_.SignalAll();
+    }
+  }
+  int64_t seen() const { return seen_.load(std::memory_order_relaxed); }
+  // False after `timeout`.
+  bool Await(absl::Duration timeout) {
+    MutexLock l(&mu_);
+    return setpoint::Clock::Real()->AwaitWithDeadline(
+        &mu_, &cv_, setpoint::Clock::Real()->Now() + timeout, std::stop_token(),
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reached_; });
+  }
+
+ private:
+  std::atomic<int64_t> target_{-1};
+  std::atomic<int64_t> seen_{0};
+  Mutex mu_;
+  CondVar cv_;
+  bool reached_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class NoopClient final : public IntClient {
  public:
-  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  int64_t calls() const { return calls_.seen(); }
+  CallTarget& target() { return calls_; }
   absl::Status Create(const Context&, const std::string&, const int&) override {
-    calls_.fetch_add(1, std::memory_order_relaxed);
+    calls_.Count(1);
     return absl::OkStatus();
   }
   absl::Status Update(const Context&, const std::string&, const int&,
                       const int&) override {
-    calls_.fetch_add(1, std::memory_order_relaxed);
+    calls_.Count(1);
     return absl::OkStatus();
   }
   absl::Status Delete(const Context&, const std::string&, const int&) override {
-    calls_.fetch_add(1, std::memory_order_relaxed);
+    calls_.Count(1);
     return absl::OkStatus();
   }
 
  private:
-  std::atomic<int64_t> calls_{0};
+  CallTarget calls_;
 };
 
 // 200,000 creates end to end on a started runner: SetDesired on a fresh key
@@ -457,6 +490,7 @@ void BM_SyncerApply(benchmark::State& state) {
   for (auto _ : state) {
     Runner runner({.name = "bench", .logger = testing::NullLogger()});
     NoopClient client;
+    client.target().Set(kOps);
     IntSyncer syncer(&runner, &client,
                      {.name = "bench",
                       .max_in_flight = static_cast<int>(state.range(0)),
@@ -477,9 +511,12 @@ void BM_SyncerApply(benchmark::State& state) {
           },
           "bench apply");
     }
+    // Sleeps until the client saw every call, then waits for the last
+    // results to be applied.
+    (void)client.target().Await(absl::Seconds(30));
     Clock::time_point deadline = t0 + std::chrono::seconds(30);
     while (syncer.stats().creates < kOps && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::yield();
     }
     Clock::time_point t1 = Clock::now();
     state.SetIterationTime(Seconds(t1 - t0));
@@ -516,16 +553,17 @@ BENCHMARK(BM_SyncerApply)
 
 class NoopBatchClient final : public BatchSyncerClient<std::string, int, int> {
  public:
-  int64_t operations() const { return ops_.load(std::memory_order_relaxed); }
+  int64_t operations() const { return ops_.seen(); }
+  CallTarget& target() { return ops_; }
   absl::Status Apply(
       const Context&,
       std::span<SyncOperation<std::string, int, int>> ops) override {
-    ops_.fetch_add(static_cast<int64_t>(ops.size()), std::memory_order_relaxed);
+    ops_.Count(static_cast<int64_t>(ops.size()));
     return absl::OkStatus();
   }
 
  private:
-  std::atomic<int64_t> ops_{0};
+  CallTarget ops_;
 };
 
 void BM_SyncerBatchApply(benchmark::State& state) {
@@ -535,6 +573,7 @@ void BM_SyncerBatchApply(benchmark::State& state) {
   for (auto _ : state) {
     Runner runner({.name = "bench", .logger = testing::NullLogger()});
     NoopBatchClient client;
+    client.target().Set(kOps);
     IntSyncer syncer(&runner, &client,
                      {.name = "bench",
                       .max_batch = static_cast<int>(state.range(0)),
@@ -555,9 +594,12 @@ void BM_SyncerBatchApply(benchmark::State& state) {
           },
           "bench apply");
     }
+    // Sleeps until the client saw every call, then waits for the last
+    // results to be applied.
+    (void)client.target().Await(absl::Seconds(30));
     Clock::time_point deadline = t0 + std::chrono::seconds(30);
     while (syncer.stats().creates < kOps && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::yield();
     }
     Clock::time_point t1 = Clock::now();
     state.SetIterationTime(Seconds(t1 - t0));
