@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/status.h"
 #include "spdlog/spdlog.h"
@@ -114,13 +115,7 @@ absl::StatusOr<std::unique_ptr<internal::ControllerRun>> Controller::Build() {
   } else if (!build_) {
     built = absl::InvalidArgumentError("no build function");
   } else {
-    try {
-      built = build_(builder);
-    } catch (const std::exception& e) {
-      built = absl::InternalError(absl::StrCat("build threw: ", e.what()));
-    } catch (...) {
-      built = absl::InternalError("build threw a non-exception");
-    }
+    built = CallUserCode("build", [&] { return build_(builder); });
     if (built.ok() && !run->errors.empty()) built = run->errors.front();
   }
   if (!built.ok()) {

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "spdlog/spdlog.h"
 
@@ -92,12 +93,9 @@ PlanPiece::PlanPiece(ControllerRun* run, std::unique_ptr<Plan> plan,
 void PlanPiece::Publish(std::string* json, std::vector<std::string>*) {
   if (!json->empty()) json->push_back(',');
   json->append("{\"plan\":");
-  std::string name;
-  try {
-    name = plan_->Name();
-  } catch (...) {
-    name = "(plan name threw)";
-  }
+  absl::StatusOr<std::string> named =
+      CallUserCode("plan name", [&] { return plan_->Name(); });
+  const std::string name = named.ok() ? *named : "(plan name threw)";
   AppendJsonString(json, name);
   const ReconcileLoopStats st = loop_.stats();
   absl::StrAppend(

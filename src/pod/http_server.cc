@@ -43,6 +43,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
+#include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "spdlog/spdlog.h"
 
@@ -543,17 +545,12 @@ struct HttpServer::Impl {
   }
 
   HttpAnswer Call(const HttpHead& head) {
-    std::string what;
-    try {
-      return options.handler(head);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "an exception of unknown type";
-    }
+    absl::StatusOr<HttpAnswer> answer =
+        CallUserCode("handler", [&] { return options.handler(head); });
+    if (answer.ok()) return *std::move(answer);
     SPDLOG_LOGGER_ERROR(options.logger,
-                        "ops listener handler failed path={} err=\"{}\"",
-                        head.path, what);
+                        "ops listener handler failed path={}: {}", head.path,
+                        answer.status());
     return TextAnswer(500, "internal error\n");
   }
 };

@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "process_metrics.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
@@ -145,13 +146,9 @@ absl::Status CheckProgramOptions(const PodMainOptions& options) {
 }
 
 absl::Status CallSetter(const PodFlag& flag, absl::string_view value) {
-  try {
+  return CallUserCode("setter", [&] {
     return flag.set(std::string_view(value.data(), value.size()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("setter threw: ", e.what()));
-  } catch (...) {
-    return absl::InternalError("setter threw");
-  }
+  });
 }
 
 // ---- JSON logs ------------------------------------------------------------
@@ -775,17 +772,11 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
     return absl::IsInvalidArgument(s) ? kPodExitBadConfig : kPodExitFailed;
   }
   if (options.on_started != nullptr) {
-    std::string failure;
-    try {
-      options.on_started(manager);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    } catch (...) {
-      failure = "unknown exception";
-    }
-    if (!failure.empty()) {
-      SPDLOG_LOGGER_ERROR(logger, "pod stopping pod={}: on_started threw: {}",
-                          pod, failure);
+    const absl::Status started =
+        CallUserCode("on_started", [&] { options.on_started(manager); });
+    if (!started.ok()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod stopping pod={}: {}", pod,
+                          started.ToString());
       manager.Stop();
       close(signal_fd);
       return kPodExitFailed;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "spdlog/spdlog.h"
 
@@ -210,20 +211,15 @@ void SourceExecutor::RunTask(Task* task) {
   mu_.Unlock();
   absl::Time next;
   bool threw = false;
-  try {
-    next = task->Run(stop);
-  } catch (const std::exception& e) {
+  absl::StatusOr<absl::Time> ran =
+      CallUserCode("source task", [&] { return task->Run(stop); });
+  if (ran.ok()) {
+    next = *ran;
+  } else {
     threw = true;
     next = clock_->Now() + absl::Seconds(1);
-    SPDLOG_LOGGER_ERROR(logger_, "source task threw executor={} err=\"{}\"",
-                        options_.name, e.what());
-  } catch (...) {
-    threw = true;
-    next = clock_->Now() + absl::Seconds(1);
-    SPDLOG_LOGGER_ERROR(logger_,
-                        "source task threw executor={} err=\"a non-standard "
-                        "exception\"",
-                        options_.name);
+    SPDLOG_LOGGER_ERROR(logger_, "source task failed executor={}: {}",
+                        options_.name, ran.status());
   }
   mu_.Lock();
   task->running_ = false;

@@ -401,7 +401,7 @@ TEST_F(WatchSourceTest, ThrowingCallsAreFailures) {
   EXPECT_TRUE(store_.InSync());  // The list worked.
   EXPECT_THAT(source_->status().last_error,
               StatusIs(absl::StatusCode::kInternal,
-                       HasSubstr("watch threw a non-exception")));
+                       HasSubstr("watch threw a non-standard exception")));
 }
 
 TEST_F(WatchSourceTest, PublishesItsSeries) {

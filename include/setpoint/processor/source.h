@@ -77,6 +77,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "setpoint/base/backoff.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
@@ -258,15 +259,13 @@ class CachedDriver : public SourceDriver {
 };
 
 // Calls `fn(args...)`, turning a throw into kInternal ("<what> threw: ...").
+// (CallUserCode, the one boundary for user callbacks.)
 template <class R, class Fn, class... Args>
 absl::StatusOr<R> CallCatching(const char* what, Fn& fn, Args&&... args) {
-  try {
+  absl::StatusOr<R> out = CallUserCode(what, [&]() -> absl::StatusOr<R> {
     return fn(std::forward<Args>(args)...);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, " threw: ", e.what()));
-  } catch (...) {
-    return absl::InternalError(absl::StrCat(what, " threw a non-exception"));
-  }
+  });
+  return out;
 }
 
 // The options' errors, for the sources' Validate.
