@@ -299,10 +299,11 @@ Context CallDispatcher::SeatContextLocked(Seat* seat) {
   return seat->ctx;
 }
 
-bool CallDispatcher::AwaitMoreCalls() const {
+bool CallDispatcher::AwaitMoreCalls(const UpdaterPool* pool) const {
   const SteadyClock::time_point until = SteadyClock::now() + kLinger;
   for (int i = 0;; ++i) {
     if (queued_.load(std::memory_order_relaxed) > 0) return true;
+    if (pool->has_work()) return false;  // Other syncers' calls wait.
     if ((i & 63) == 63 && SteadyClock::now() >= until) return false;
     CpuRelax();
   }
@@ -321,6 +322,7 @@ int CallDispatcher::ServeCalls(int max_ops, bool turn, bool* more) {
     bool taken = false;
     bool post = false;
     bool linger = false;
+    UpdaterPool* pool = nullptr;
     UpdaterPool* help = nullptr;
     Context ctx;
     {
@@ -340,10 +342,12 @@ int CallDispatcher::ServeCalls(int max_ops, bool turn, bool* more) {
       // the runner answers them with new calls within microseconds, so
       // this thread waits for those a moment instead of going to sleep
       // (a wake-up costs more than the calls).
-      linger = !taken && !batch_ && !stopping_ && drain_requested_ &&
-               average_call_ns_.load(std::memory_order_relaxed) <
-                   kFastClientNs &&
-               free_seats_.size() + 1 == seats_.size();  // The only one.
+      linger =
+          !taken && turn && pool_ != nullptr && !batch_ && !stopping_ &&
+          drain_requested_ &&
+          average_call_ns_.load(std::memory_order_relaxed) < kFastClientNs &&
+          free_seats_.size() + 1 == seats_.size();  // The only one.
+      pool = pool_;
       if (!taken) {
         free_seats_.push_back(seat);
       } else {
@@ -363,7 +367,7 @@ int CallDispatcher::ServeCalls(int max_ops, bool turn, bool* more) {
     if (help != nullptr) help->Notify(this);
     if (!taken) {
       seat = nullptr;  // Back with the free ones.
-      if (!linger || !AwaitMoreCalls()) return ran;
+      if (!linger || !AwaitMoreCalls(pool)) return ran;
       continue;
     }
     if (options_.operation_timeout > absl::ZeroDuration()) {

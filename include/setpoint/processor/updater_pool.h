@@ -96,6 +96,9 @@ class UpdaterPool {
   void Attach(Queue* queue);
   void Notify(Queue* queue);
   void Detach(Queue* queue);
+  // Some queue waits for a thread (a moment's view, any thread): a thread
+  // that waits for more of its own queue's calls gives way.
+  bool has_work() const { return has_work_.load(std::memory_order_acquire); }
 
  private:
   void Loop(std::stop_token stop);

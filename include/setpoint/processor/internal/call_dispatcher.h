@@ -173,8 +173,9 @@ class CallDispatcher final : private UpdaterPool::Queue {
   void RefuseLocked(DispatchedCall* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a drain should be requested now (and marks it requested).
   bool WantDrainLocked(bool now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Spins up to 50 us for calls to be queued; true when some are.
-  bool AwaitMoreCalls() const;
+  // Spins up to 50 us for calls to be queued (while `pool` has no other
+  // queue with calls); true when some are.
+  bool AwaitMoreCalls(const UpdaterPool* pool) const;
   Context SeatContextLocked(Seat* seat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Allowed(const DispatchedCall& call) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
