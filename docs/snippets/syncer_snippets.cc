@@ -6,8 +6,8 @@
 
 #include <map>
 #include <memory>
-#include <span>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,7 +161,8 @@ TEST(ContainerSyncerTest, RetriesAndConverges) {
 }
 // clang-format on
 
-// ---- Batch clients -----------------------------------------------------------
+// ---- Batch clients
+// -----------------------------------------------------------
 
 struct Record {
   std::string type;

@@ -46,10 +46,10 @@ TEST(StatusTest, AnErrorRedrawsOnlyWhenItBecomesAnotherOne) {
 
 TEST(StatusTest, APodsShardsAreCountedByKindNeverAddedUp) {
   RegistryDescription d = Sample();
-  d.kinds["zone"] = KindDescription{
-      .ring_size = 1,
-      .members = {Member("a/zone/0", Assignment{{0, 1}, 13})},
-      .last_token = 13};
+  d.kinds["zone"] =
+      KindDescription{.ring_size = 1,
+                      .members = {Member("a/zone/0", Assignment{{0, 1}, 13})},
+                      .last_token = 13};
   Status s = BuildStatus(d);
   ASSERT_EQ(s.pods.size(), 3u);
   const PodRow& a = s.pods[0];

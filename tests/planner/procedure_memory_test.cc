@@ -342,8 +342,8 @@ TEST_F(ProcedureMemoryTest, ThrowingDoAndThrowingConstructor) {
     return todo;
   });
   ExecutionReport r = Scheduler(Quiet()).Execute(Context(), plan);
-  EXPECT_THAT(r.status,
-              StatusIs(absl::StatusCode::kInternal, ::testing::HasSubstr("do")));
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kInternal,
+                                 ::testing::HasSubstr("do")));
   EXPECT_EQ(r.steps_failed, 1);
   EXPECT_EQ(r.steps_not_run, 1);
 }
