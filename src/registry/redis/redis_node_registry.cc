@@ -19,6 +19,7 @@
 #include "registry/redis/redis_client.h"
 #include "registry/redis/registry_codec.h"
 #include "registry/redis/registry_scripts.h"
+#include "registry/redis/sentinel_resolver.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
@@ -79,10 +80,41 @@ absl::Status ValidateRedisNodeRegistryOptions(
     return absl::InvalidArgumentError(
         absl::StrCat("redis registry options: ", field, " ", what));
   };
-  if (absl::StatusOr<redis::RedisEndpoint> e =
-          redis::ParseRedisAddress(o.address);
-      !e.ok()) {
-    return invalid("address", std::string(e.status().message()));
+  if (o.sentinels.empty()) {
+    if (absl::StatusOr<redis::RedisEndpoint> e =
+            redis::ParseRedisAddress(o.address);
+        !e.ok()) {
+      return invalid("address", std::string(e.status().message()));
+    }
+    if (!o.master_name.empty()) {
+      return invalid("master_name", "needs sentinels");
+    }
+  } else {
+    for (const std::string& a : o.sentinels) {
+      absl::StatusOr<redis::RedisEndpoint> e = redis::ParseRedisAddress(a);
+      if (!e.ok()) {
+        return invalid("sentinels", std::string(e.status().message()));
+      }
+      if (!e->unix_path.empty()) {
+        return invalid("sentinels",
+                       absl::StrCat("\"", a, "\": a sentinel needs host:port"));
+      }
+    }
+    if (o.master_name.empty()) {
+      return invalid("master_name", "must be set with sentinels");
+    }
+  }
+  if (!o.sentinel_username.empty() && o.sentinel_password.empty()) {
+    return invalid("sentinel_username", "needs a sentinel_password");
+  }
+  if (o.grant_wait_replicas < 0) {
+    return invalid("grant_wait_replicas",
+                   absl::StrCat("must be >= 0, got ", o.grant_wait_replicas));
+  }
+  if (o.grant_wait_timeout <= absl::ZeroDuration() ||
+      o.grant_wait_timeout >= o.command_timeout) {
+    return invalid("grant_wait_timeout",
+                   "must be > 0 and shorter than command_timeout");
   }
   if (o.db < 0) return invalid("db", absl::StrCat("must be >= 0, got ", o.db));
   if (o.ns.empty()) return invalid("ns", "must not be empty");
@@ -113,6 +145,15 @@ struct RedisNodeRegistry::Impl {
         channel(prefix + ":changed"),
         client(endpoint, options, logger),
         subscriber(endpoint, options, logger) {}
+  Impl(std::shared_ptr<redis::SentinelResolver> r, RedisNodeRegistryOptions o)
+      : options(std::move(o)),
+        logger(options.logger != nullptr ? options.logger
+                                         : spdlog::default_logger()),
+        prefix(absl::StrCat("{setpoint:", options.ns, "}")),
+        channel(prefix + ":changed"),
+        resolver(std::move(r)),
+        client(resolver, options, logger),
+        subscriber(resolver, options, logger) {}
 
   std::string Key(const std::string& name) const {
     return absl::StrCat(prefix, ":", name);
@@ -124,10 +165,14 @@ struct RedisNodeRegistry::Impl {
   // Runs `script`, waiting at most until the context's deadline (and at
   // most command_timeout): a caller that must act by a deadline is never
   // held past it by a Redis that hangs.
-  absl::StatusOr<RedisReply> Eval(const Context& ctx, RedisScript& script,
-                                  const std::vector<std::string>& keys,
-                                  const std::vector<std::string>& args,
-                                  const std::string& what) {
+  // With `granted` and grant_wait_replicas > 0: when granted(reply) says
+  // the script granted something, WAIT for the replicas on the same
+  // connection before returning (kUnavailable when too few acknowledged).
+  absl::StatusOr<RedisReply> Eval(
+      const Context& ctx, RedisScript& script,
+      const std::vector<std::string>& keys,
+      const std::vector<std::string>& args, const std::string& what,
+      const std::function<bool(const RedisReply&)>& granted = nullptr) {
     if (absl::Status s = CheckContext(ctx); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
     }
@@ -139,6 +184,7 @@ struct RedisNodeRegistry::Impl {
             absl::StrCat(what, ": no time left before the deadline"));
       }
     }
+    const absl::Time start = Clock::Monotonic()->Now();
     MutexLock l(&mu);
     absl::StatusOr<RedisReply> reply = client.Eval(script, keys, args, budget);
     if (!reply.ok()) {
@@ -148,7 +194,96 @@ struct RedisNodeRegistry::Impl {
     if (reply->type == RedisReply::Type::kError) {
       return ScriptError(what, reply->str);
     }
+    if (granted != nullptr && options.grant_wait_replicas > 0 &&
+        granted(*reply)) {
+      absl::Duration left = budget - (Clock::Monotonic()->Now() - start);
+      if (absl::Status s = AwaitReplicas(left, what); !s.ok()) return s;
+    }
     return reply;
+  }
+
+  // WAIT for grant_wait_replicas on the connection that just wrote.
+  absl::Status AwaitReplicas(absl::Duration left, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    // Leave the socket a tenth of the time to carry the answer back.
+    absl::Duration wait = std::min(options.grant_wait_timeout, left * 0.9);
+    int64_t wait_ms = absl::ToInt64Milliseconds(wait);
+    if (wait_ms < 1) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": granted, but no time left to wait for a replica"));
+    }
+    absl::StatusOr<RedisReply> reply =
+        client.Command({"WAIT", absl::StrCat(options.grant_wait_replicas),
+                        absl::StrCat(wait_ms)},
+                       left);
+    if (!reply.ok()) {
+      return absl::Status(reply.status().code(),
+                          absl::StrCat(what, ": granted, then WAIT failed: ",
+                                       reply.status().message()));
+    }
+    if (reply->type == RedisReply::Type::kError) {
+      return redis::StatusFromErrorReply(
+          absl::StrCat(what, ": granted, then WAIT"), reply->str);
+    }
+    if (reply->type != RedisReply::Type::kInteger ||
+        reply->integer < options.grant_wait_replicas) {
+      return absl::UnavailableError(absl::StrCat(
+          what, ": granted, but only ", reply->integer, " of ",
+          options.grant_wait_replicas, " replicas acknowledged within ",
+          absl::FormatDuration(absl::Milliseconds(wait_ms)),
+          " (a failover now could lose the grant)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Follows +switch-master on the sentinels (one at a time, in the
+  // resolver's order) and tells the clients and the listeners.
+  void WatchSentinels(std::stop_token stop) {
+    const std::string& master = resolver->master_name();
+    auto pause = [&] {
+      std::mutex m;
+      std::condition_variable_any cv;
+      std::unique_lock lock(m);
+      cv.wait_for(lock, stop, std::chrono::milliseconds(100),
+                  [] { return false; });
+    };
+    while (!stop.stop_requested()) {
+      for (const redis::RedisEndpoint& sentinel : resolver->sentinels()) {
+        if (stop.stop_requested()) return;
+        RedisClient c(sentinel, resolver->sentinel_options(), logger);
+        absl::StatusOr<RedisReply> ack =
+            c.Command({"SUBSCRIBE", "+switch-master"});
+        if (!ack.ok() || ack->type == RedisReply::Type::kError) {
+          SPDLOG_LOGGER_DEBUG(logger,
+                              "sentinel subscription failed sentinel={}: {}",
+                              sentinel.ToString(),
+                              ack.ok() ? ack->str : ack.status().ToString());
+          continue;
+        }
+        while (!stop.stop_requested()) {
+          absl::StatusOr<RedisReply> msg =
+              c.ReadPushed(absl::Milliseconds(200));
+          if (!msg.ok()) break;
+          // ["message", "+switch-master", "<name> <old ip> <old port>
+          // <new ip> <new port>"].
+          if (msg->type != RedisReply::Type::kArray ||
+              msg->elements.size() != 3) {
+            continue;
+          }
+          std::vector<std::string> words =
+              absl::StrSplit(msg->elements[2].str, ' ');
+          if (words.size() != 5 || words[0] != master) continue;
+          SPDLOG_LOGGER_INFO(logger,
+                             "redis master switched master={} old={}:{} "
+                             "new={}:{} sentinel={}",
+                             master, words[1], words[2], words[3], words[4],
+                             sentinel.ToString());
+          resolver->MasterSwitched();
+          Notify();
+        }
+      }
+      pause();
+    }
   }
 
   // Logs `line` at warning level, at most once per kWarnEvery for the same
@@ -236,6 +371,8 @@ struct RedisNodeRegistry::Impl {
   const std::string channel;
   // Names this registry object in the change messages it publishes.
   const std::string instance = RandomEpoch();
+  // Null without sentinels.
+  std::shared_ptr<redis::SentinelResolver> resolver;
   Mutex mu;
   RedisClient client ABSL_GUARDED_BY(mu);
   // The scripts are only touched inside Eval, under mu (the analysis cannot
@@ -264,12 +401,34 @@ struct RedisNodeRegistry::Impl {
       ABSL_GUARDED_BY(listeners_mu);
   int64_t next_listener ABSL_GUARDED_BY(listeners_mu) = 1;
   std::jthread thread ABSL_GUARDED_BY(listeners_mu);  // First listener.
+  // With sentinels: follows +switch-master from Create on.
+  std::jthread sentinel_thread;
 };
 
 absl::StatusOr<std::unique_ptr<RedisNodeRegistry>> RedisNodeRegistry::Create(
     RedisNodeRegistryOptions options) {
   if (absl::Status s = ValidateRedisNodeRegistryOptions(options); !s.ok()) {
     return s;
+  }
+  if (!options.sentinels.empty()) {
+    std::vector<redis::RedisEndpoint> sentinels;
+    for (const std::string& a : options.sentinels) {
+      absl::StatusOr<redis::RedisEndpoint> e = redis::ParseRedisAddress(a);
+      if (!e.ok()) return e.status();
+      sentinels.push_back(*e);
+    }
+    auto logger =
+        options.logger != nullptr ? options.logger : spdlog::default_logger();
+    auto resolver = std::make_shared<redis::SentinelResolver>(
+        std::move(sentinels), options.master_name, options, logger);
+    auto impl = std::make_unique<Impl>(std::move(resolver), std::move(options));
+    Impl& d = *impl;
+    d.sentinel_thread = std::jthread([&d](std::stop_token stop) {
+      pthread_setname_np(pthread_self(), "sp-sentinel");
+      d.WatchSentinels(stop);
+    });
+    return std::unique_ptr<RedisNodeRegistry>(
+        new RedisNodeRegistry(std::move(impl)));
   }
   absl::StatusOr<redis::RedisEndpoint> endpoint =
       redis::ParseRedisAddress(options.address);
@@ -282,6 +441,10 @@ RedisNodeRegistry::RedisNodeRegistry(std::unique_ptr<Impl> impl)
     : impl_(std::move(impl)) {}
 
 RedisNodeRegistry::~RedisNodeRegistry() {
+  if (impl_->sentinel_thread.joinable()) {
+    impl_->sentinel_thread.request_stop();
+    impl_->sentinel_thread.join();
+  }
   if (impl_->thread.joinable()) {
     impl_->thread.request_stop();
     impl_->thread.join();
@@ -371,12 +534,13 @@ absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
     return absl::InvalidArgumentError(absl::StrCat(what, ": empty range"));
   }
   Impl& d = *impl_;
-  absl::StatusOr<RedisReply> reply = d.Eval(
-      ctx, d.grant,
-      {d.Key("epoch"), d.Key("grants_from"), d.Key("run"), d.Key("version"),
-       d.KindKey(kind, "members"), d.KindKey(kind, "held"),
-       d.KindKey(kind, "token")},
-      {node_id, redis::RunsArg(set), d.channel, epoch, d.instance}, what);
+  absl::StatusOr<RedisReply> reply =
+      d.Eval(ctx, d.grant,
+             {d.Key("epoch"), d.Key("grants_from"), d.Key("run"),
+              d.Key("version"), d.KindKey(kind, "members"),
+              d.KindKey(kind, "held"), d.KindKey(kind, "token")},
+             {node_id, redis::RunsArg(set), d.channel, epoch, d.instance}, what,
+             [](const RedisReply&) { return true; });  // Any non-error reply.
   if (!reply.ok()) return reply.status();
   absl::StatusOr<uint64_t> token = redis::ParseToken(reply->str);
   if (!token.ok()) {
@@ -437,7 +601,16 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
   absl::StatusOr<RedisReply> reply =
       d.Eval(ctx, d.handoff, keys, args,
              absl::StrCat("handoff releases=", request.releases.size(),
-                          " grants=", request.grants.size()));
+                          " grants=", request.grants.size()),
+             [](const RedisReply& r) {
+               // Per kind, one "T <token>" per grant made.
+               for (const RedisReply& per : r.elements) {
+                 for (const RedisReply& e : per.elements) {
+                   if (absl::StartsWith(e.str, "T ")) return true;
+                 }
+               }
+               return false;
+             });
   if (!reply.ok()) return reply.status();
   auto malformed = [](const std::string& why) {
     return absl::InternalError(
@@ -593,6 +766,13 @@ void RedisNodeRegistry::RemoveChangeListener(int64_t id) {
 int64_t RedisNodeRegistry::round_trips() const {
   MutexLock l(&impl_->mu);
   return impl_->client.round_trips();
+}
+
+std::string RedisNodeRegistry::master_address() const {
+  MutexLock l(&impl_->mu);
+  const redis::RedisEndpoint& e = impl_->client.endpoint();
+  if (e.host.empty() && e.unix_path.empty()) return "";
+  return e.ToString();
 }
 
 const std::string& RedisNodeRegistry::prefix() const { return impl_->prefix; }
