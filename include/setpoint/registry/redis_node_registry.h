@@ -99,7 +99,8 @@ struct RedisNodeRegistryOptions {
   // lost reply). One more round trip per grant; 0: no WAIT.
   // Default: 0.
   int grant_wait_replicas = 0;
-  // How long WAIT waits (> 0; also bounded by the caller's deadline).
+  // How long WAIT waits (with grant_wait_replicas > 0: > 0 and shorter
+  // than command_timeout; also bounded by the caller's deadline).
   // Default: 500 ms.
   absl::Duration grant_wait_timeout = absl::Milliseconds(500);
   // Default: spdlog's default logger at construction.

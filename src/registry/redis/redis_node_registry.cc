@@ -111,8 +111,9 @@ absl::Status ValidateRedisNodeRegistryOptions(
     return invalid("grant_wait_replicas",
                    absl::StrCat("must be >= 0, got ", o.grant_wait_replicas));
   }
-  if (o.grant_wait_timeout <= absl::ZeroDuration() ||
-      o.grant_wait_timeout >= o.command_timeout) {
+  if (o.grant_wait_replicas > 0 &&
+      (o.grant_wait_timeout <= absl::ZeroDuration() ||
+       o.grant_wait_timeout >= o.command_timeout)) {
     return invalid("grant_wait_timeout",
                    "must be > 0 and shorter than command_timeout");
   }
