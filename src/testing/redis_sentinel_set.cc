@@ -172,7 +172,9 @@ RedisSentinelSet::~RedisSentinelSet() {
   for (Process& p : sentinels_) KillAndReap(p.pid);
   for (Process& p : servers_) KillAndReap(p.pid);
   std::error_code ec;
-  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  if (!dir_.empty() && !options_.keep_dir) {
+    std::filesystem::remove_all(dir_, ec);
+  }
 }
 
 std::string RedisSentinelSet::Address(const Process& p) const {
@@ -234,6 +236,64 @@ absl::Status RedisSentinelSet::StartProcess(const std::string& binary,
   }
 }
 
+std::string RedisSentinelSet::ServerConfig(const Process& p,
+                                           int master_port) const {
+  std::string conf = absl::StrCat(
+      "port ", p.port, "\nbind 127.0.0.1\nsave \"\"\nappendonly no\n", "dir ",
+      p.dir, "\nlogfile ", p.dir, "/redis.log\ndaemonize no\n",
+      "repl-diskless-sync yes\nrepl-diskless-sync-delay 0\n",
+      "repl-diskless-load swapdb\n");
+  if (!options_.requirepass.empty()) {
+    absl::StrAppend(&conf, "requirepass ", options_.requirepass,
+                    "\nmasterauth ", options_.requirepass, "\n");
+  }
+  if (options_.min_replicas_to_write > 0) {
+    absl::StrAppend(&conf, "min-replicas-to-write ",
+                    options_.min_replicas_to_write,
+                    "\nmin-replicas-max-lag 10\n");
+  }
+  if (master_port != 0) {
+    absl::StrAppend(&conf, "replicaof 127.0.0.1 ", master_port, "\n");
+  }
+  return conf;
+}
+
+absl::Status RedisSentinelSet::RestartAsReplica(const std::string& address,
+                                                absl::Duration timeout) {
+  Process* p = nullptr;
+  for (Process& s : servers_) {
+    if (Address(s) == address && s.pid <= 0) p = &s;
+  }
+  if (p == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("restart ", address, ": not a killed server of the set"));
+  }
+  const int master_port = servers_[master_].port;
+  if (absl::Status s = StartProcess(
+          FindRedisServer(), *p, ServerConfig(*p, master_port), "redis-server");
+      !s.ok()) {
+    return s;
+  }
+  const std::string online =
+      absl::StrCat("ip=127.0.0.1,port=", p->port, ",state=online");
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(timeout);
+  std::string last;
+  while (true) {
+    absl::StatusOr<std::string> info = RedisCommandAt(
+        master_port, {"INFO", "replication"}, options_.requirepass);
+    last = info.ok() ? *info : info.status().ToString();
+    if (absl::StrContains(last, online)) return absl::OkStatus();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "restart ", address, ": not an online replica of ", master_address(),
+          " within ", absl::FormatDuration(timeout), "; see ", p->dir));
+    }
+    // Polling a condition with a deadline: the replica's first sync.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 absl::Status RedisSentinelSet::Start() {
   std::string server = FindRedisServer();
   if (server.empty())
@@ -261,22 +321,7 @@ absl::Status RedisSentinelSet::Start() {
   const int master_port = servers_[0].port;
   for (size_t i = 0; i < servers_.size(); ++i) {
     Process& p = servers_[i];
-    std::string conf = absl::StrCat(
-        "port ", p.port, "\nbind 127.0.0.1\nsave \"\"\nappendonly no\n", "dir ",
-        p.dir, "\nlogfile ", p.dir, "/redis.log\ndaemonize no\n",
-        "repl-diskless-sync yes\nrepl-diskless-sync-delay 0\n",
-        "repl-diskless-load swapdb\n");
-    if (!options_.requirepass.empty()) {
-      absl::StrAppend(&conf, "requirepass ", options_.requirepass,
-                      "\nmasterauth ", options_.requirepass, "\n");
-    }
-    if (options_.min_replicas_to_write > 0) {
-      absl::StrAppend(&conf, "min-replicas-to-write ",
-                      options_.min_replicas_to_write,
-                      "\nmin-replicas-max-lag 10\n");
-    }
-    if (i > 0)
-      absl::StrAppend(&conf, "replicaof 127.0.0.1 ", master_port, "\n");
+    std::string conf = ServerConfig(p, i == 0 ? 0 : master_port);
     if (absl::Status s = StartProcess(server, p, conf, "redis-server");
         !s.ok()) {
       return s;

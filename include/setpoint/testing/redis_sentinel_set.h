@@ -60,6 +60,10 @@ struct RedisSentinelSetOptions {
   // min-replicas-to-write on every server (0: off), with
   // min-replicas-max-lag 10.
   int min_replicas_to_write = 0;
+  // Keep the directory (configs and logs) after destruction, to read the
+  // logs of a failed test.
+  // Default: false.
+  bool keep_dir = false;
 };
 
 class RedisSentinelSet {
@@ -83,6 +87,12 @@ class RedisSentinelSet {
   // address; kDeadlineExceeded after `timeout`.
   absl::StatusOr<std::string> AwaitFailover(const std::string& old_master,
                                             absl::Duration timeout);
+  // Starts a server killed before (KillMaster) again, empty, as a replica
+  // of the current master, and waits until that master reports it online.
+  // kDeadlineExceeded after `timeout`; kInvalidArgument for an address that
+  // is not a killed server of this set.
+  absl::Status RestartAsReplica(const std::string& address,
+                                absl::Duration timeout);
   // SIGKILLs sentinel `i` (its port stays reserved and refuses connects).
   void KillSentinel(int i);
 
@@ -104,6 +114,8 @@ class RedisSentinelSet {
   };
   absl::Status StartProcess(const std::string& binary, Process& p,
                             const std::string& config, const char* what);
+  // The config of data server `p`, a replica of `master_port` if not 0.
+  std::string ServerConfig(const Process& p, int master_port) const;
   std::string Address(const Process& p) const;
 
   RedisSentinelSetOptions options_;
