@@ -268,6 +268,7 @@ absl::Status RedisSentinelSet::RestartAsReplica(const std::string& address,
     return absl::InvalidArgumentError(
         absl::StrCat("restart ", address, ": not a killed server of the set"));
   }
+  if (absl::Status s = AwaitAgreedMaster(timeout).status(); !s.ok()) return s;
   const int master_port = servers_[master_].port;
   if (absl::Status s = StartProcess(
           FindRedisServer(), *p, ServerConfig(*p, master_port), "redis-server");

@@ -166,9 +166,10 @@ int64_t AwaitOwnedOnce(const Config& c,
 struct Failover {
   std::string from, to;
   int64_t killed = 0;
-  int64_t promoted = 0;    // AwaitFailover returned.
-  int64_t owned_seen = 0;  // The driver saw the ring owned again.
-  int64_t takeover = -1;   // From the logs: kill to the last shard owned.
+  int64_t promoted = 0;        // AwaitFailover returned.
+  int64_t owned_seen = 0;      // The driver saw the ring owned again.
+  int64_t takeover = -1;       // From the logs: kill to the last shard owned.
+  bool second_switch = false;  // The sentinels failed over twice.
 };
 
 // The longest time from `killed` until each shard is owned again: a shard
@@ -229,6 +230,15 @@ TEST(ChaosTest, SentinelMasterKillsKeepOneOwnerPerShard) {
     ASSERT_NE(f.owned_seen, kNever)
         << "the ring was not owned again after the failover from " << f.from
         << " to " << f.to << ": " << why << " (run directory " << dir << ")";
+    // The sentinels may have failed over once more meanwhile (a spurious
+    // second failover: a sentinel that did not hear the new master within
+    // down-after on a loaded machine). Such a failover is checked like the
+    // others but not timed: the fleet followed two of them.
+    absl::StatusOr<std::string> now_master =
+        redis.AwaitAgreedMaster(absl::Seconds(30));
+    ASSERT_TRUE(now_master.ok()) << now_master.status();
+    f.second_switch = *now_master != f.to;
+    if (f.second_switch) f.to = absl::StrCat(f.to, " -> ", *now_master);
     failovers.push_back(f);
     std::printf(
         "[chaos] failover %zu: %s -> %s promoted after %.0f ms, ring "
@@ -272,12 +282,17 @@ TEST(ChaosTest, SentinelMasterKillsKeepOneOwnerPerShard) {
   CallCheck client = CheckClientCalls(ptrs, c.ring);
 
   std::vector<int64_t> takeovers, promotions;
+  int second_switches = 0;
   for (size_t i = 0; i < failovers.size(); ++i) {
     Failover& f = failovers[i];
     f.takeover = TakeoverAfter(raw, c.ring, f.killed, f.owned_seen);
     const int64_t bound =
         (f.promoted - f.killed) + (c.lease_ms + c.poll_ms + c.slack_ms) * kMs;
     EXPECT_NE(f.takeover, kNever) << "failover " << i + 1;
+    if (f.second_switch) {
+      ++second_switches;
+      continue;
+    }
     EXPECT_LE(f.takeover, bound)
         << "failover " << i + 1 << ": the ring was owned again "
         << f.takeover / kMs << " ms after the kill; bound: promotion "
@@ -286,11 +301,12 @@ TEST(ChaosTest, SentinelMasterKillsKeepOneOwnerPerShard) {
     promotions.push_back(f.promoted - f.killed);
   }
   std::printf(
-      "[chaos] sentinel mode: %zu failovers; promotion p50 %.0f ms max %.0f "
+      "[chaos] sentinel mode: %zu failovers (%d with a second switch, not "
+      "timed); promotion p50 %.0f ms max %.0f "
       "ms; ring owned again (from the logs) p50 %.0f ms max %.0f ms; double "
       "ownership %zu (validity) %zu (calls); token regressions %zu; client "
       "calls %lld, violations %zu; grants %zu\n",
-      failovers.size(), Quantile(promotions, 0.5) / 1e6,
+      failovers.size(), second_switches, Quantile(promotions, 0.5) / 1e6,
       Quantile(promotions, 1.0) / 1e6, Quantile(takeovers, 0.5) / 1e6,
       Quantile(takeovers, 1.0) / 1e6, by_validity.overlaps.size(),
       by_calls.overlaps.size(), tokens.size(),

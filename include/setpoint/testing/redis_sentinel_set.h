@@ -87,8 +87,16 @@ class RedisSentinelSet {
   // address; kDeadlineExceeded after `timeout`.
   absl::StatusOr<std::string> AwaitFailover(const std::string& old_master,
                                             absl::Duration timeout);
+  // The master every running sentinel names now, once that server answers
+  // ROLE "master" (with a very small down-after, a loaded machine can see
+  // a second, spurious failover right after the first). Updates
+  // master_address(); kDeadlineExceeded after `timeout`.
+  absl::StatusOr<std::string> AwaitAgreedMaster(absl::Duration timeout) {
+    return AwaitFailover("", timeout);
+  }
   // Starts a server killed before (KillMaster) again, empty, as a replica
-  // of the current master, and waits until that master reports it online.
+  // of the master the sentinels agree on (AwaitAgreedMaster), and waits
+  // until that master reports it online.
   // kDeadlineExceeded after `timeout`; kInvalidArgument for an address that
   // is not a killed server of this set.
   absl::Status RestartAsReplica(const std::string& address,
