@@ -14,11 +14,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
+#include "setpoint/testing/child_process.h"
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/redis_sentinel_set.h"
 #include "setpoint/testing/redis_server.h"
@@ -251,6 +253,29 @@ TEST_F(SentinelTest, SentinelGrantWaitForMoreReplicasThanExistFails) {
   EXPECT_THAT(t.status(), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(std::string(t.status().message()),
               HasSubstr("only 2 of 3 replicas acknowledged"));
+}
+
+// setpointctl finds the master through the sentinels as a pod does, and
+// names the sentinels when it cannot.
+TEST_F(SentinelTest, SentinelSetpointctlReadsTheRegistryThroughSentinels) {
+  auto r = SentinelRegistry(redis_.sentinel_addresses(), redis_.master_name(),
+                            {.ns = "ctl"});
+  ASSERT_THAT(Poll(*r, {"a/vm/0"}).status(), IsOk());
+  const std::string sentinels = absl::StrJoin(redis_.sentinel_addresses(), ",");
+  testing::ChildProcess ok({SETPOINT_CTL, "--registry.type=redis",
+                            "--registry.sentinels=" + sentinels,
+                            "--registry.master_name=" + redis_.master_name(),
+                            "--registry.namespace=ctl", "status"});
+  EXPECT_EQ(ok.AwaitExit(), 0) << ok.err();
+  EXPECT_THAT(ok.out(), HasSubstr("a/vm/0"));
+  const std::string dead = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
+  testing::ChildProcess down({SETPOINT_CTL, "--registry.type=redis",
+                              "--registry.sentinels=" + dead,
+                              "--registry.master_name=" + redis_.master_name(),
+                              "--registry.namespace=ctl", "status"});
+  EXPECT_EQ(down.AwaitExit(), 1) << down.err();
+  EXPECT_THAT(down.err(), AllOf(HasSubstr("via sentinels " + dead),
+                                HasSubstr("sentinel=" + dead)));
 }
 
 TEST(SentinelOptionsTest, SentinelSettingsAreValidated) {
