@@ -1,5 +1,5 @@
 // The Lua scripts of RedisNodeRegistry, one per operation, each run after
-// kPrelude (their shared helpers). docs/registry.md documents the keys and
+// kPrelude (the functions they share). docs/registry.md documents the keys and
 // what each script guarantees; redis_node_registry.cc builds their KEYS
 // and ARGV.
 //
