@@ -22,23 +22,14 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "pod_yaml.h"
 #include "setpoint/base/status.h"
 #include "setpoint/pod/ops_server.h"
 #include "setpoint/registry/in_memory_node_registry.h"
-#include "yaml-cpp/eventhandler.h"
-#include "yaml-cpp/exceptions.h"
-#include "yaml-cpp/mark.h"
-#include "yaml-cpp/parser.h"
 
 namespace setpoint {
 namespace {
 
-// A pod config nests three levels (document, registry or kinds, a kind);
-// anything much deeper is not a pod config.
-constexpr size_t kMaxDepth = 32;
-// With aliases refused a node costs input bytes, so this bounds memory at a
-// few MB whatever the text.
-constexpr int kMaxNodes = 100'000;
 // A password file holds one line.
 constexpr size_t kMaxPasswordFileBytes = 64 << 10;
 constexpr absl::Duration kMaxDuration = absl::Hours(24);
@@ -52,6 +43,12 @@ const KeySpec* FindKey(absl::string_view path);
 bool IsPasswordKey(absl::string_view path) {
   return path == "registry.password" || path == "registry.password_env" ||
          path == "registry.password_file";
+}
+// The same for the sentinels' password.
+bool IsSentinelPasswordKey(absl::string_view path) {
+  return path == "registry.sentinel_password" ||
+         path == "registry.sentinel_password_env" ||
+         path == "registry.sentinel_password_file";
 }
 
 // Messages here have no prefix: ParsePodConfig adds "pod config: ",
@@ -72,134 +69,6 @@ std::string Escape(absl::string_view s) { return absl::CHexEscape(s); }
 std::string Where(absl::string_view field, int line) {
   return line > 0 ? absl::StrCat(field, " (line ", line, ")")
                   : std::string(field);
-}
-
-// ---- YAML: events into a small tree, refusing what a config never needs --
-
-struct Yaml {
-  enum class Type { kNull, kScalar, kSequence, kMap };
-  Type type = Type::kNull;
-  int line = 0;             // 1-based; 0 when yaml-cpp gives no mark.
-  std::string scalar;       // kScalar only.
-  std::vector<Yaml> items;  // kSequence: items; kMap: key, value, key, ...
-};
-
-const char* TypeName(Yaml::Type t) {
-  switch (t) {
-    case Yaml::Type::kNull:
-      return "empty";
-    case Yaml::Type::kScalar:
-      return "a value";
-    case Yaml::Type::kSequence:
-      return "a list";
-    case Yaml::Type::kMap:
-      return "a map";
-  }
-  return "?";
-}
-
-// Builds the tree of one document without expanding anything: aliases are
-// refused where they appear (so an alias bomb costs its own bytes), as are a
-// second document, nesting deeper than kMaxDepth and more than kMaxNodes
-// nodes. After the first refusal every event is ignored.
-class TreeBuilder final : public YAML::EventHandler {
- public:
-  const absl::Status& status() const { return status_; }
-  const Yaml& root() const { return root_; }
-
-  void OnDocumentStart(const YAML::Mark& mark) override {
-    if (status_.ok() && ++documents_ > 1) {
-      Fail(mark,
-           "a second YAML document starts here; a pod config is one "
-           "document");
-    }
-  }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override {
-    Add(mark, Yaml::Type::kNull, "");
-  }
-  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
-    Fail(mark,
-         "YAML aliases (*name) are refused: a pod config has no need for "
-         "them, and they let a small file expand exponentially");
-  }
-  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
-                const std::string& value) override {
-    Add(mark, Yaml::Type::kScalar, value);
-  }
-  void OnSequenceStart(const YAML::Mark& mark, const std::string&,
-                       YAML::anchor_t, YAML::EmitterStyle::value) override {
-    Open(mark, Yaml::Type::kSequence);
-  }
-  void OnSequenceEnd() override { Close(); }
-  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {
-    Open(mark, Yaml::Type::kMap);
-  }
-  void OnMapEnd() override { Close(); }
-
- private:
-  static int Line(const YAML::Mark& mark) {
-    return mark.is_null() ? 0 : mark.line + 1;
-  }
-  void Fail(const YAML::Mark& mark, absl::string_view what) {
-    if (!status_.ok()) return;
-    status_ = Line(mark) > 0 ? Bad(absl::StrCat("line ", Line(mark), ":"), what)
-                             : Bad("", what);
-  }
-  Yaml* Add(const YAML::Mark& mark, Yaml::Type type, const std::string& v) {
-    if (!status_.ok()) return nullptr;
-    if (++nodes_ > kMaxNodes) {
-      Fail(mark, absl::StrCat("more than ", kMaxNodes,
-                              " YAML nodes; a pod config needs a few dozen"));
-      return nullptr;
-    }
-    Yaml node{.type = type, .line = Line(mark), .scalar = v, .items = {}};
-    if (stack_.empty()) {
-      root_ = std::move(node);
-      return &root_;
-    }
-    // Only the innermost open node grows, so pointers to the open nodes
-    // (its ancestors) stay valid.
-    stack_.back()->items.push_back(std::move(node));
-    return &stack_.back()->items.back();
-  }
-  void Open(const YAML::Mark& mark, Yaml::Type type) {
-    Yaml* node = Add(mark, type, "");
-    if (node == nullptr) return;
-    if (stack_.size() >= kMaxDepth) {
-      Fail(mark, absl::StrCat("nests deeper than ", kMaxDepth, " levels"));
-      return;
-    }
-    stack_.push_back(node);
-  }
-  void Close() {
-    if (status_.ok() && !stack_.empty()) stack_.pop_back();
-  }
-
-  absl::Status status_;
-  Yaml root_;
-  std::vector<Yaml*> stack_;
-  int documents_ = 0;
-  int nodes_ = 0;
-};
-
-absl::StatusOr<Yaml> ParseYaml(const std::string& text) {
-  std::istringstream in(text);
-  TreeBuilder builder;
-  try {
-    YAML::Parser parser(in);
-    while (builder.status().ok() && parser.HandleNextDocument(builder)) {
-    }
-  } catch (const YAML::Exception& e) {
-    if (e.mark.is_null()) {
-      return Bad("", absl::StrCat("not valid YAML: ", e.msg));
-    }
-    return Bad("", absl::StrCat("not valid YAML at line ", e.mark.line + 1,
-                                ", column ", e.mark.column + 1, ": ", e.msg));
-  }
-  if (!builder.status().ok()) return builder.status();
-  return builder.root();
 }
 
 // ---- Flattening: "path" -> value, so files and overrides share Set --------
@@ -555,6 +424,39 @@ NodeKindOptions& KindOf(PodConfig& c, const std::string& name) {
   return c.manager.kinds.back();
 }
 
+// A password from the environment variable `s.text` names.
+absl::StatusOr<std::string> PasswordFromEnv(const Setting& s) {
+  const char* env = std::getenv(s.text.c_str());
+  if (env == nullptr) {
+    return Bad(s.field,
+               absl::StrCat("names $", Escape(s.text), ", which is not set"));
+  }
+  if (*env == '\0') {
+    return Bad(s.field,
+               absl::StrCat("names $", Escape(s.text),
+                            ", which is empty: AUTH would be skipped"));
+  }
+  return std::string(env);
+}
+
+// A password from the first line of the file `s.text` names.
+absl::StatusOr<std::string> PasswordFromFile(const Setting& s) {
+  absl::StatusOr<std::string> text =
+      ReadRegularFile(s.text, kMaxPasswordFileBytes);
+  if (!text.ok()) {
+    return Bad(s.field, absl::StrCat("\"", Escape(s.text), "\" ",
+                                     text.status().message()));
+  }
+  std::string line = text->substr(0, text->find('\n'));
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty()) {
+    return Bad(s.field, absl::StrCat("\"", Escape(s.text),
+                                     "\" has no password on its first "
+                                     "line: AUTH would be skipped"));
+  }
+  return line;
+}
+
 constexpr KeySpec kKeys[] = {
     {"pod_id", "<id>", "names this process in node ids",
      [](PodConfig& c, const Setting& s) -> absl::Status {
@@ -716,37 +618,14 @@ constexpr KeySpec kKeys[] = {
     {"registry.password_env", "<variable>",
      "read the password from this environment variable",
      [](PodConfig& c, const Setting& s) -> absl::Status {
-       const char* env = std::getenv(s.text.c_str());
-       if (env == nullptr) {
-         return Bad(s.field, absl::StrCat("names $", Escape(s.text),
-                                          ", which is not set"));
-       }
-       if (*env == '\0') {
-         return Bad(s.field,
-                    absl::StrCat("names $", Escape(s.text),
-                                 ", which is empty: AUTH would be skipped"));
-       }
-       c.redis.password = env;
+       SETPOINT_ASSIGN_OR_RETURN(c.redis.password, PasswordFromEnv(s));
        return absl::OkStatus();
      },
      nullptr},
     {"registry.password_file", "<path>",
      "read the password from the first line of this file",
      [](PodConfig& c, const Setting& s) -> absl::Status {
-       absl::StatusOr<std::string> text =
-           ReadRegularFile(s.text, kMaxPasswordFileBytes);
-       if (!text.ok()) {
-         return Bad(s.field, absl::StrCat("\"", Escape(s.text), "\" ",
-                                          text.status().message()));
-       }
-       std::string line = text->substr(0, text->find('\n'));
-       if (!line.empty() && line.back() == '\r') line.pop_back();
-       if (line.empty()) {
-         return Bad(s.field, absl::StrCat("\"", Escape(s.text),
-                                          "\" has no password on its first "
-                                          "line: AUTH would be skipped"));
-       }
-       c.redis.password = std::move(line);
+       SETPOINT_ASSIGN_OR_RETURN(c.redis.password, PasswordFromFile(s));
        return absl::OkStatus();
      },
      nullptr},
@@ -760,6 +639,84 @@ constexpr KeySpec kKeys[] = {
      },
      [](const PodConfig& c, const NodeKindOptions*) {
        return absl::StrCat(c.redis.db);
+     }},
+    {"registry.sentinels", "<host:port,...>",
+     "ask these Redis Sentinels for the master instead of using address",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       c.redis.sentinels.clear();
+       for (absl::string_view a : absl::StrSplit(s.text, ',')) {
+         a = absl::StripAsciiWhitespace(a);
+         if (a.empty()) return Bad(s.field, "has an empty address in its list");
+         c.redis.sentinels.emplace_back(a);
+       }
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.redis.sentinels.empty() ? std::string("none")
+                                        : absl::StrJoin(c.redis.sentinels, ",");
+     }},
+    {"registry.master_name", "<name>",
+     "the name the sentinels monitor the master under",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       c.redis.master_name = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.redis.master_name.empty() ? std::string("none")
+                                          : c.redis.master_name;
+     }},
+    {"registry.sentinel_username", "<user>", "ACL user for AUTH on sentinels",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_RETURN_IF_ERROR(CheckId(s.field, s.text));
+       c.redis.sentinel_username = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return c.redis.sentinel_username.empty() ? std::string("none")
+                                                : c.redis.sentinel_username;
+     }},
+    {"registry.sentinel_password", "<password>",
+     "AUTH password on sentinels; prefer sentinel_password_env or _file",
+     [](PodConfig& c, const Setting& s) {
+       c.redis.sentinel_password = s.text;
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return std::string(c.redis.sentinel_password.empty() ? "none"
+                                                            : "<redacted>");
+     }},
+    {"registry.sentinel_password_env", "<variable>",
+     "read the sentinels' password from this environment variable",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(c.redis.sentinel_password, PasswordFromEnv(s));
+       return absl::OkStatus();
+     },
+     nullptr},
+    {"registry.sentinel_password_file", "<path>",
+     "read the sentinels' password from the first line of this file",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(c.redis.sentinel_password,
+                                 PasswordFromFile(s));
+       return absl::OkStatus();
+     },
+     nullptr},
+    {"registry.grant_wait_replicas", "<n>",
+     "acknowledge a grant only once WAIT saw it on n replicas (0: off)",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(s.field, s.text, 0, 64));
+       c.redis.grant_wait_replicas = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return absl::StrCat(c.redis.grant_wait_replicas);
+     }},
+    {"registry.grant_wait_timeout", "<duration>",
+     "how long WAIT waits for the replicas (< command_timeout)",
+     [](PodConfig& c, const Setting& s) {
+       return SetMillis(s, &c.redis.grant_wait_timeout, false);
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return Show(c.redis.grant_wait_timeout);
      }},
     {"registry.namespace", "<name>", "separates deployments on one Redis",
      [](PodConfig& c, const Setting& s) -> absl::Status {
@@ -825,7 +782,7 @@ absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
   }
   if (s.text.empty()) return Bad(s.field, "must not be empty");
   // Passwords are opaque (and never echoed).
-  if (key != "registry.password") {
+  if (key != "registry.password" && key != "registry.sentinel_password") {
     SETPOINT_RETURN_IF_ERROR(CheckNoControl(s.field, s.text));
   }
   return spec->set(c, s);
@@ -833,17 +790,25 @@ absl::Status Set(PodConfig& c, const std::string& key, const Value& value) {
 
 // Settings that make sense alone but not together.
 absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
-  std::vector<std::string> passwords;
+  std::vector<std::string> passwords, sentinel_passwords;
   bool registry_settings = false;
   for (const auto& [key, value] : flat) {
     if (IsPasswordKey(key)) passwords.push_back(key);
+    if (IsSentinelPasswordKey(key)) sentinel_passwords.push_back(key);
     if (absl::StartsWith(key, "registry.") && key != "registry.type") {
       registry_settings = true;
     }
   }
-  if (passwords.size() > 1) {
-    return Bad(absl::StrJoin(passwords, " and "),
-               "exclude each other: give one");
+  for (const auto* keys : {&passwords, &sentinel_passwords}) {
+    if (keys->size() > 1) {
+      return Bad(absl::StrJoin(*keys, " and "), "exclude each other: give one");
+    }
+  }
+  if (flat.count("registry.address") != 0 &&
+      flat.count("registry.sentinels") != 0) {
+    return Bad("registry.address and registry.sentinels",
+               "exclude each other: with sentinels the master's address "
+               "comes from them");
   }
   if (registry_settings && flat.count("registry.type") == 0) {
     return Bad("registry.type",
@@ -902,10 +867,12 @@ absl::StatusOr<PodConfig> Parse(const std::string& yaml,
     std::string path(rest.substr(0, eq));
     if (path == "kinds") return Bad("--kinds", "set kinds.<kind>.count");
     // An override of one password source replaces the file's.
-    if (IsPasswordKey(path)) {
+    for (bool (*same)(absl::string_view) :
+         {&IsPasswordKey, &IsSentinelPasswordKey}) {
+      if (!same(path)) continue;
       for (auto it = flat.begin(); it != flat.end();) {
-        it = IsPasswordKey(it->first) && it->second.line > 0 ? flat.erase(it)
-                                                             : std::next(it);
+        it = same(it->first) && it->second.line > 0 ? flat.erase(it)
+                                                    : std::next(it);
       }
     }
     flat[path] = Value{.text = std::string(rest.substr(eq + 1)), .line = 0};
@@ -950,6 +917,13 @@ std::string PodConfig::ToString() const {
     if (k.show == nullptr) continue;
     if (absl::StartsWith(k.path, "registry.") && k.path != "registry.type" &&
         registry_type != "redis") {
+      continue;
+    }
+    // One way to find the master: the address, or the sentinels with
+    // their settings.
+    const bool sentinel_key = absl::StartsWith(k.path, "registry.sentinel") ||
+                              k.path == "registry.master_name";
+    if (redis.sentinels.empty() ? sentinel_key : k.path == "registry.address") {
       continue;
     }
     if (!IsKindKey(k)) {

@@ -33,6 +33,8 @@
 //   chaos_pod --redis=127.0.0.1:6379 --pod=p0 --log=/tmp/p0.log --nodes=3
 //             --ring=256 --lease_ms=1500 --poll_ms=250 --ns=chaos
 //             [--command_timeout_ms=N] [--operation_timeout_ms=N]
+//   chaos_pod --sentinels=127.0.0.1:26379,127.0.0.1:26380 --master=NAME
+//             [--grant_wait_replicas=N] ... (the rest as above, no --redis)
 //
 // SIGTERM or SIGINT stop it gracefully (exit 0). Uses only the public API.
 #include <fcntl.h>
@@ -53,6 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/context.h"
@@ -254,7 +257,9 @@ int Usage(const char* why) {
                "chaos_pod: %s\nusage: chaos_pod --redis=ADDR --pod=ID "
                "--log=FILE --nodes=N --ring=R --lease_ms=MS --poll_ms=MS "
                "--ns=NAME [--command_timeout_ms=MS] "
-               "[--operation_timeout_ms=MS]\n",
+               "[--operation_timeout_ms=MS]\n"
+               "   or: chaos_pod --sentinels=ADDR,ADDR --master=NAME "
+               "[--grant_wait_replicas=N] (and the rest, no --redis)\n",
                why);
   return 2;
 }
@@ -271,6 +276,10 @@ int main(int argc, char** argv) {
     }
     flags[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
+  if (flags.count("sentinels") != 0) {
+    if (flags.count("master") == 0) return Usage("--sentinels needs --master");
+    flags["redis"] = "";
+  }
   for (const char* required :
        {"redis", "pod", "log", "nodes", "ring", "lease_ms", "poll_ms", "ns"}) {
     if (flags.count(required) == 0) {
@@ -278,7 +287,7 @@ int main(int argc, char** argv) {
     }
   }
   int nodes = 0, lease_ms = 0, poll_ms = 0, command_timeout_ms = 0,
-      operation_timeout_ms = 0;
+      operation_timeout_ms = 0, grant_wait_replicas = 0;
   uint32_t ring = 0;
   if (!absl::SimpleAtoi(flags["nodes"], &nodes) || nodes <= 0 ||
       !absl::SimpleAtoi(flags["ring"], &ring) || ring == 0 ||
@@ -288,7 +297,9 @@ int main(int argc, char** argv) {
        !absl::SimpleAtoi(flags["command_timeout_ms"], &command_timeout_ms)) ||
       (flags.count("operation_timeout_ms") != 0 &&
        !absl::SimpleAtoi(flags["operation_timeout_ms"],
-                         &operation_timeout_ms))) {
+                         &operation_timeout_ms)) ||
+      (flags.count("grant_wait_replicas") != 0 &&
+       !absl::SimpleAtoi(flags["grant_wait_replicas"], &grant_wait_replicas))) {
     return Usage("a number does not parse");
   }
   const std::string pod = flags["pod"];
@@ -311,6 +322,11 @@ int main(int argc, char** argv) {
       .address = flags["redis"], .ns = flags["ns"], .logger = logger};
   if (command_timeout_ms > 0) {
     registry_options.command_timeout = absl::Milliseconds(command_timeout_ms);
+  }
+  if (flags.count("sentinels") != 0) {
+    registry_options.sentinels = absl::StrSplit(flags["sentinels"], ',');
+    registry_options.master_name = flags["master"];
+    registry_options.grant_wait_replicas = grant_wait_replicas;
   }
   auto registry = setpoint::RedisNodeRegistry::Create(registry_options);
   if (!registry.ok()) {

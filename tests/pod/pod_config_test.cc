@@ -701,3 +701,74 @@ TEST(PodConfigTest, AcceptsAnAnchorWithoutAlias) {
 
 }  // namespace
 }  // namespace setpoint
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kSentinel[] = R"(
+kinds:
+  - kind: vm
+registry:
+  type: redis
+  sentinels: 10.0.0.7:26379, 10.0.0.8:26379,[::1]:26380
+  master_name: setpoint
+  sentinel_username: watcher
+  sentinel_password: s3cret
+  password: hunter2
+  grant_wait_replicas: 1
+  grant_wait_timeout: 200ms
+)";
+
+TEST(PodConfigTest, SentinelSettings) {
+  auto c = ParsePodConfig(kSentinel);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_THAT(c->redis.sentinels,
+              ElementsAre("10.0.0.7:26379", "10.0.0.8:26379", "[::1]:26380"));
+  EXPECT_EQ(c->redis.master_name, "setpoint");
+  EXPECT_EQ(c->redis.sentinel_username, "watcher");
+  EXPECT_EQ(c->redis.sentinel_password, "s3cret");
+  EXPECT_EQ(c->redis.password, "hunter2");
+  EXPECT_EQ(c->redis.grant_wait_replicas, 1);
+  EXPECT_EQ(c->redis.grant_wait_timeout, absl::Milliseconds(200));
+  // The sentinels' password is never shown.
+  EXPECT_THAT(c->ToString(), Not(HasSubstr("s3cret")));
+  EXPECT_THAT(c->ToString(), HasSubstr("registry.sentinels="));
+}
+
+TEST(PodConfigTest, SentinelSettingsRefusedTogetherOrAlone) {
+  EXPECT_THAT(ParsePodConfig(kSentinel, {"--registry.address=h:6379"}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("registry.address and registry.sentinels "
+                                 "exclude each other")));
+  EXPECT_THAT(ParsePodConfig("kinds: [{kind: vm}]\nregistry: {type: redis, "
+                             "sentinels: 'a:1'}\n")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("master_name must be set with sentinels")));
+  EXPECT_THAT(
+      ParsePodConfig(kSentinel, {"--registry.sentinels=a:1,,b:2"}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("has an empty address in its list")));
+  EXPECT_THAT(
+      ParsePodConfig(
+          "kinds: [{kind: vm}]\nregistry: {type: redis, sentinels: 'a:1', "
+          "master_name: m, sentinel_password: x, sentinel_password_env: "
+          "HOME}\n")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("exclude each other: give one")));
+  // An override of one source of the sentinels' password replaces the
+  // file's.
+  auto c = ParsePodConfig(kSentinel, {"--registry.sentinel_password_env=HOME"});
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->redis.sentinel_password, std::getenv("HOME"));
+}
+
+}  // namespace
+}  // namespace setpoint

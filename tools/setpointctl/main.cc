@@ -2,6 +2,8 @@
 //
 //   setpointctl --registry.type=redis --registry.address=h:6379
 //       --registry.namespace=prod status [--json]
+//   setpointctl --registry.type=redis --registry.master_name=setpoint
+//       --registry.sentinels=s1:26379,s2:26379,s3:26379 status
 //   setpointctl --config=pod.yaml drain pod-b
 //   setpointctl --config=pod.yaml watch --interval=1s
 //
@@ -25,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "setpoint/base/context.h"
@@ -63,8 +66,12 @@ Flags:
   --registry.type=redis         the registry to read (memory is one process's own)
   --registry.address=<address>  host:port, [::1]:port or unix:///path
   --registry.namespace=<name>   the deployment's namespace (default default)
+  --registry.sentinels=<h:p,..> ask these Redis Sentinels for the master instead
+                                of --registry.address (with --registry.master_name)
   --registry.<key>=<value>      username, password, password_env, password_file,
-                                db, connect_timeout, command_timeout: as for a pod
+                                db, connect_timeout, command_timeout, master_name,
+                                sentinel_username, sentinel_password(_env, _file):
+                                as for a pod
   --json                        status and watch: print JSON instead of a table
   --interval=<duration>         watch: look this often (default 1s)
   --count=<n>                   watch: stop after n redraws (default 0: until a signal)
@@ -213,13 +220,21 @@ Parsed Parse(int argc, char** argv) {
   return Parsed{.args = std::move(args), .code = kExitOk, .text = ""};
 }
 
+// Where the registry is, for messages and the status header: the address,
+// or the master's name and the sentinels asked for it.
+std::string SourceAddress(const PodConfig& config) {
+  if (config.redis.sentinels.empty()) return config.redis.address;
+  return absl::StrCat("master ", config.redis.master_name, " via sentinels ",
+                      absl::StrJoin(config.redis.sentinels, ","));
+}
+
 class Ctl {
  public:
   Ctl(Args args, const PodConfig& config,
       std::unique_ptr<NodeRegistry> registry)
       : args_(std::move(args)),
         registry_(std::move(registry)),
-        source_{.address = config.redis.address, .ns = config.redis.ns} {}
+        source_{.address = SourceAddress(config), .ns = config.redis.ns} {}
 
   int Run() {
     if (args_.command == "status") return RunStatus();
@@ -366,8 +381,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "setpointctl: registry.type is %s: an in-memory registry is "
                  "one process's own; give --registry.type=redis with "
-                 "--registry.address and --registry.namespace, or a pod's "
-                 "--config\n",
+                 "--registry.address (or --registry.sentinels and "
+                 "--registry.master_name) and --registry.namespace, or a "
+                 "pod's --config\n",
                  config->registry_type.c_str());
     return kExitUsage;
   }

@@ -17,6 +17,22 @@
 // that someone else wrote and that do not parse are logged and treated
 // conservatively (as held by their owner), never trusted, never a crash.
 //
+// With Sentinel, the master is discovered instead of configured:
+//
+//   auto registry = RedisNodeRegistry::Create({
+//       .sentinels = {"10.0.0.7:26379", "10.0.0.8:26379", "10.0.0.9:26379"},
+//       .master_name = "setpoint",
+//       .password = secret, .sentinel_password = sentinel_secret,
+//   });
+//
+// Every new connection asks the sentinels in turn for the master
+// (SENTINEL get-master-addr-by-name), moves the one that answered to the
+// front of the list, and confirms with ROLE that the address is a master;
+// a thread subscribed to +switch-master on a sentinel drops the connections
+// when the master changes, and a READONLY reply (a demoted master) does too.
+// Optionally every grant is acknowledged only once WAIT saw it on a replica
+// (grant_wait_replicas).
+//
 // Thread safety: thread-safe; calls are serialized on the one connection.
 #ifndef SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
 #define SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
@@ -62,12 +78,40 @@ struct RedisNodeRegistryOptions {
   // Default: 100 ms doubling to 5 s, jitter 0.2.
   BackoffOptions reconnect_backoff = {.initial = absl::Milliseconds(100),
                                       .max = absl::Seconds(5)};
+  // Redis Sentinel. Non-empty: `address` is not used; the master named
+  // `master_name` is asked of these sentinels ("host:port" or
+  // "[::1]:port" each, no unix sockets) on every connect.
+  // Default: none (connect to `address`).
+  std::vector<std::string> sentinels = {};
+  // The name the sentinels monitor the master under. Required with
+  // `sentinels`, refused without them.
+  // Default: none.
+  std::string master_name = "";
+  // ACL user and password for the sentinels (their own, not the master's:
+  // `username` and `password` are for the master). Same rules as above.
+  // Default: none.
+  std::string sentinel_username = "";
+  std::string sentinel_password = "";
+  // > 0: a grant (Grant, or a Handoff that granted something) returns only
+  // after WAIT saw the write on this many replicas, and fails with
+  // kUnavailable when fewer acknowledged it within grant_wait_timeout (the
+  // grant may then be lost in a failover, and the caller treats it as a
+  // lost reply). One more round trip per grant; 0: no WAIT.
+  // Default: 0.
+  int grant_wait_replicas = 0;
+  // How long WAIT waits (with grant_wait_replicas > 0: > 0 and shorter
+  // than command_timeout; also bounded by the caller's deadline).
+  // Default: 500 ms.
+  absl::Duration grant_wait_timeout = absl::Milliseconds(500);
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
 };
 
 // Returns kInvalidArgument naming the field: an address that does not
-// parse, db < 0, an empty namespace or one with '{' or '}', timeouts <= 0.
+// parse, db < 0, an empty namespace or one with '{' or '}', timeouts <= 0,
+// a sentinel address that does not parse or is a unix socket, sentinels
+// without a master name or a master name without sentinels, a sentinel user
+// without a sentinel password, grant_wait_replicas < 0.
 absl::Status ValidateRedisNodeRegistryOptions(
     const RedisNodeRegistryOptions& options);
 
@@ -102,6 +146,9 @@ class RedisNodeRegistry : public NodeRegistry {
 
   // Round trips to Redis so far (scripts and commands, not subscriptions).
   int64_t round_trips() const;
+  // The master's address as last connected ("host:port"), or "" before the
+  // first connect; with Sentinel it changes after a failover.
+  std::string master_address() const;
   // The key prefix, "{setpoint:<ns>}".
   const std::string& prefix() const;
 

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "registry/redis/sentinel_resolver.h"
 #include "setpoint/base/clock.h"
 #include "setpoint/base/format.h"
 #include "spdlog/spdlog.h"
@@ -106,7 +107,8 @@ absl::Status StatusFromErrorReply(const std::string& what,
   if (absl::StartsWith(msg, "LOADING") || absl::StartsWith(msg, "BUSY") ||
       absl::StartsWith(msg, "MASTERDOWN") ||
       absl::StartsWith(msg, "TRYAGAIN") ||
-      absl::StartsWith(msg, "CLUSTERDOWN")) {
+      absl::StartsWith(msg, "CLUSTERDOWN") ||
+      absl::StrContains(msg, "READONLY")) {
     return absl::UnavailableError(absl::StrCat(what, ": ", msg));
   }
   return absl::InternalError(absl::StrCat(what, ": ", msg));
@@ -173,12 +175,23 @@ RedisClient::RedisClient(RedisEndpoint endpoint,
       logger_(std::move(logger)),
       backoff_(options.reconnect_backoff) {}
 
+RedisClient::RedisClient(std::shared_ptr<SentinelResolver> resolver,
+                         const RedisNodeRegistryOptions& options,
+                         std::shared_ptr<spdlog::logger> logger)
+    : RedisClient(RedisEndpoint{}, options, std::move(logger)) {
+  resolver_ = std::move(resolver);
+}
+
 RedisClient::~RedisClient() { Disconnect(); }
 
 void RedisClient::Disconnect() {
   if (ctx_ != nullptr) redisFree(ctx_);
   ctx_ = nullptr;
   timeout_in_force_ = absl::ZeroDuration();
+}
+
+bool RedisClient::Switched() const {
+  return resolver_ != nullptr && resolver_->generation() != generation_;
 }
 
 absl::Status RedisClient::Fail(const char* what) {
@@ -202,20 +215,40 @@ absl::Status RedisClient::UseTimeout(absl::Duration budget) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<RedisReply> RedisClient::Handshake(
+    const std::vector<std::string>& args, const char* what) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  redisReply* r;
+  {
+    ScopedNoSigpipe no_sigpipe;
+    r = static_cast<redisReply*>(redisCommandArgv(
+        ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  }
+  if (r == nullptr) return Fail(what);
+  RedisReply reply = Copy(r);
+  freeReplyObject(r);
+  return reply;
+}
+
 absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
   if (ctx_ != nullptr) return absl::OkStatus();
   absl::Time now = Clock::Monotonic()->Now();
+  if (Switched()) {
+    // The master moved since the last failure: the wait was for the old one.
+    next_connect_ = absl::InfinitePast();
+    backoff_.Reset();
+  }
   if (now < next_connect_) {
     return absl::UnavailableError(
         absl::StrCat("connect redis=", endpoint_.ToString(),
                      ": waiting to reconnect after a failure, retry in ",
                      absl::FormatDuration(next_connect_ - now)));
   }
-  timeval tv = TimevalOf(std::min(connect_timeout_, budget));
-  ctx_ =
-      endpoint_.unix_path.empty()
-          ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv)
-          : redisConnectUnixWithTimeout(endpoint_.unix_path.c_str(), tv);
   auto failed = [&](absl::Status s) {
     Disconnect();
     absl::Duration wait = backoff_.Next();
@@ -224,6 +257,25 @@ absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
                         s);
     return s;
   };
+  if (resolver_ != nullptr) {
+    // Read the generation first: a switch announced while we resolve must
+    // still drop what we connect to now.
+    generation_ = resolver_->generation();
+    absl::StatusOr<RedisEndpoint> master = resolver_->Resolve(budget);
+    if (!master.ok()) return failed(master.status());
+    endpoint_ = *master;
+    budget -= Clock::Monotonic()->Now() - now;
+    if (budget <= absl::ZeroDuration()) {
+      return failed(absl::DeadlineExceededError(
+          absl::StrCat("connect redis=", endpoint_.ToString(),
+                       ": no time left after asking the sentinels")));
+    }
+  }
+  timeval tv = TimevalOf(std::min(connect_timeout_, budget));
+  ctx_ =
+      endpoint_.unix_path.empty()
+          ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv)
+          : redisConnectUnixWithTimeout(endpoint_.unix_path.c_str(), tv);
   if (ctx_ == nullptr || ctx_->err != 0) {
     std::string err = ctx_ != nullptr ? ctx_->errstr : "out of memory";
     return failed(absl::UnavailableError(
@@ -237,44 +289,43 @@ absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
     std::vector<std::string> auth = {"AUTH"};
     if (!username_.empty()) auth.push_back(username_);
     auth.push_back(password_);
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const auto& a : auth) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    redisReply* r;
-    {
-      ScopedNoSigpipe no_sigpipe;
-      r = static_cast<redisReply*>(redisCommandArgv(
-          ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    }
-    if (r == nullptr) return failed(Fail("auth"));
-    RedisReply reply = Copy(r);
-    freeReplyObject(r);
-    if (reply.type == RedisReply::Type::kError) {
+    absl::StatusOr<RedisReply> reply = Handshake(auth, "auth");
+    if (!reply.ok()) return failed(reply.status());
+    if (reply->type == RedisReply::Type::kError) {
       // The password is never part of a message.
       return failed(absl::PermissionDeniedError(absl::StrCat(
           "auth redis=", endpoint_.ToString(),
-          username_.empty() ? "" : " user=", username_, ": ", reply.str)));
+          username_.empty() ? "" : " user=", username_, ": ", reply->str)));
     }
   }
   if (db_ != 0) {
-    std::string db = absl::StrCat(db_);
-    const char* argv[] = {"SELECT", db.c_str()};
-    size_t lens[] = {6, db.size()};
-    redisReply* r;
-    {
-      ScopedNoSigpipe no_sigpipe;
-      r = static_cast<redisReply*>(redisCommandArgv(ctx_, 2, argv, lens));
-    }
-    if (r == nullptr) return failed(Fail("select"));
-    RedisReply reply = Copy(r);
-    freeReplyObject(r);
-    if (reply.type == RedisReply::Type::kError) {
+    absl::StatusOr<RedisReply> reply =
+        Handshake({"SELECT", absl::StrCat(db_)}, "select");
+    if (!reply.ok()) return failed(reply.status());
+    if (reply->type == RedisReply::Type::kError) {
       return failed(absl::InvalidArgumentError(
           absl::StrCat("select db=", db_, " redis=", endpoint_.ToString(), ": ",
-                       reply.str)));
+                       reply->str)));
+    }
+  }
+  if (resolver_ != nullptr) {
+    absl::StatusOr<RedisReply> reply = Handshake({"ROLE"}, "role");
+    if (!reply.ok()) return failed(reply.status());
+    std::string role;
+    if (!RoleIsMaster(*reply, &role)) {
+      absl::Status s = absl::UnavailableError(absl::StrCat(
+          "confirm master=", resolver_->master_name(),
+          " redis=", endpoint_.ToString(), ": ROLE says \"", role,
+          "\", not master (the sentinels are behind or a failover is under "
+          "way)"));
+      if (reply->type == RedisReply::Type::kError &&
+          absl::StartsWith(reply->str, "NOPERM")) {
+        s = absl::PermissionDeniedError(absl::StrCat(
+            "confirm master=", resolver_->master_name(),
+            " redis=", endpoint_.ToString(), ": ROLE refused: ", reply->str,
+            " (the user needs +role)"));
+      }
+      return failed(s);
     }
   }
   backoff_.Reset();
@@ -286,6 +337,12 @@ absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
 absl::StatusOr<RedisReply> RedisClient::Command(
     const std::vector<std::string>& args, absl::Duration budget) {
   absl::Time start = Clock::Monotonic()->Now();
+  if (ctx_ != nullptr && Switched()) {
+    SPDLOG_LOGGER_INFO(logger_,
+                       "redis master switched, reconnecting old_redis={}",
+                       endpoint_.ToString());
+    Disconnect();
+  }
   if (absl::Status s = EnsureConnected(budget); !s.ok()) return s;
   absl::Duration left = budget - (Clock::Monotonic()->Now() - start);
   if (left <= absl::ZeroDuration()) {
@@ -314,6 +371,14 @@ absl::StatusOr<RedisReply> RedisClient::Command(
   }
   RedisReply reply = Copy(r);
   freeReplyObject(r);
+  if (resolver_ != nullptr && reply.type == RedisReply::Type::kError &&
+      absl::StrContains(reply.str, "READONLY")) {
+    // A master that became a replica: the next command asks the sentinels.
+    SPDLOG_LOGGER_INFO(logger_,
+                       "redis answered READONLY, reconnecting old_redis={}",
+                       endpoint_.ToString());
+    Disconnect();
+  }
   return reply;
 }
 
@@ -352,6 +417,10 @@ absl::StatusOr<RedisReply> RedisClient::Eval(
 absl::StatusOr<RedisReply> RedisClient::ReadPushed(absl::Duration timeout) {
   if (ctx_ == nullptr) {
     return absl::UnavailableError("read: not connected");
+  }
+  if (Switched()) {
+    Disconnect();
+    return absl::UnavailableError("read: the master switched");
   }
   void* raw = nullptr;
   if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) {

@@ -8,10 +8,15 @@
 //
 // Connects lazily and again after any error, backing off between failed
 // connects; AUTH (ACL user or password only) and SELECT run on every new
-// connection. Each command waits at most command_timeout. Errors map to
-// canonical codes: kUnavailable (cannot connect, connection lost),
-// kDeadlineExceeded (timed out), kPermissionDenied (AUTH refused, NOPERM),
-// kInternal (a Redis error reply). EVALSHA reloads the script on NOSCRIPT.
+// connection. Built on a SentinelResolver, it asks the sentinels for the
+// master before every connect, confirms with ROLE that it reached a master,
+// drops the connection when the resolver's generation moves
+// (+switch-master) or the server answers READONLY (a demoted master), and
+// connects again at once after a switch instead of waiting out its backoff.
+// Each command waits at most command_timeout. Errors map to canonical codes:
+// kUnavailable (cannot connect, connection lost), kDeadlineExceeded (timed
+// out), kPermissionDenied (AUTH refused, NOPERM), kInternal (a Redis error
+// reply). EVALSHA reloads the script on NOSCRIPT.
 //
 // Thread safety: not thread-safe; one owner (callers hold a mutex).
 #ifndef SETPOINT_SRC_REGISTRY_REDIS_REDIS_CLIENT_H_
@@ -32,6 +37,8 @@
 struct redisContext;
 
 namespace setpoint::redis {
+
+class SentinelResolver;
 
 // A reply, copied out of hiredis.
 struct RedisReply {
@@ -58,7 +65,8 @@ struct RedisEndpoint {
 };
 
 // Maps a Redis error reply to a Status: NOPERM/WRONGPASS/NOAUTH ->
-// kPermissionDenied; LOADING/BUSY/MASTERDOWN/TRYAGAIN/CLUSTERDOWN ->
+// kPermissionDenied; LOADING/BUSY/MASTERDOWN/TRYAGAIN/CLUSTERDOWN and
+// READONLY anywhere in the text (a script that wrote on a replica) ->
 // kUnavailable; anything else kInternal. `what` starts the message.
 absl::Status StatusFromErrorReply(const std::string& what,
                                   const std::string& message);
@@ -69,6 +77,10 @@ absl::StatusOr<RedisEndpoint> ParseRedisAddress(const std::string& address);
 class RedisClient {
  public:
   RedisClient(RedisEndpoint endpoint, const RedisNodeRegistryOptions& options,
+              std::shared_ptr<spdlog::logger> logger);
+  // Follows the master `resolver` names (shared with other clients).
+  RedisClient(std::shared_ptr<SentinelResolver> resolver,
+              const RedisNodeRegistryOptions& options,
               std::shared_ptr<spdlog::logger> logger);
   ~RedisClient();
   RedisClient(const RedisClient&) = delete;
@@ -97,6 +109,8 @@ class RedisClient {
   // Drops the connection (the next command reconnects).
   void Disconnect();
   bool connected() const { return ctx_ != nullptr; }
+  // The server connected to last (with Sentinel: the master last named;
+  // empty host and path before the first connect).
   const RedisEndpoint& endpoint() const { return endpoint_; }
 
  private:
@@ -105,8 +119,15 @@ class RedisClient {
   // budget) if it differs from the one in force.
   absl::Status UseTimeout(absl::Duration budget);
   absl::Status Fail(const char* what);
+  // Runs one command on the fresh connection during the handshake.
+  absl::StatusOr<RedisReply> Handshake(const std::vector<std::string>& args,
+                                       const char* what);
+  // With a resolver: true when a switch happened since this connection was
+  // made (the caller drops it).
+  bool Switched() const;
 
-  const RedisEndpoint endpoint_;
+  std::shared_ptr<SentinelResolver> resolver_;
+  RedisEndpoint endpoint_;
   const std::string username_;
   const std::string password_;
   const int db_;
@@ -118,6 +139,9 @@ class RedisClient {
   int64_t round_trips_ = 0;
   Backoff backoff_;
   absl::Time next_connect_ = absl::InfinitePast();  // Monotonic clock.
+  // The resolver's generation when the connection (or the failed connect)
+  // was made.
+  int64_t generation_ = 0;
 };
 
 }  // namespace setpoint::redis
