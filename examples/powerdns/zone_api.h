@@ -8,7 +8,6 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -78,13 +77,12 @@ class ZoneApi {
 
   // One PATCH: REPLACE or DELETE for each rrset, all or none.
   absl::Status Patch(const Context& ctx, const nlohmann::json& rrsets) {
-    patches_.fetch_add(1, std::memory_order_relaxed);
+    if (ctx.Done()) return ctx.Err();  // Cancelled: the key left.
     std::string body = nlohmann::json{{"rrsets", rrsets}}.dump();
     httplib::Result r =
         Client(ctx).Patch(Path(), Headers(), body, "application/json");
     return Check(r, 204);
   }
-  int64_t patches() const { return patches_.load(); }
 
  private:
   std::string Path() const {
@@ -125,7 +123,6 @@ class ZoneApi {
   }
 
   const ZoneApiOptions* o_;
-  std::atomic<int64_t> patches_{0};
 };
 
 // The Syncer's batch client: a batch of operations is one PATCH. When

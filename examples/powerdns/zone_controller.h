@@ -37,8 +37,10 @@ inline setpoint::ControllerKind RrsetsKind(const Settings* s, ZoneApi* api,
                   return ReadCatalog(s->catalog, s->api.zone);
                 },
                 {.interval = absl::Seconds(1)});
-            b.Sync("rrsets", client, seen, want,
-                   setpoint::SyncerOptions<Rrset, Rrset>{.name = "rrsets"});
+            b.Sync(
+                "rrsets", client, seen, want,
+                setpoint::SyncerOptions<Rrset, Rrset>{
+                    .name = "rrsets", .operation_timeout = absl::Seconds(5)});
             return absl::OkStatus();
           }};
 }
