@@ -4,35 +4,39 @@
 // "clang-format off" and "on" the text is the doc's, layout included; edit
 // both together.
 
-#include <memory>
+#include <string>
 
 #include "absl/status/status.h"
-#include "setpoint/base/context.h"
-#include "setpoint/node/node.h"
+#include "absl/strings/numbers.h"
+#include "setpoint/controller/controller.h"
 #include "setpoint/pod/pod_main.h"
 
-// A node that does nothing but wait; the doc leaves it out.
-class JobsNode : public setpoint::Node {
- public:
-  explicit JobsNode(const setpoint::NodeInfo&) {}
-  absl::Status Run(const setpoint::Context& ctx) override {
-    (void)ctx.Wait(absl::InfiniteDuration());
-    return absl::OkStatus();
-  }
-  absl::Status UpdateShardRange(const setpoint::Context&,
-                                const setpoint::Assignment&) override {
-    return absl::OkStatus();
-  }
-};
-
 // clang-format off
+setpoint::ControllerKind JobsKind(const int* jobs) {
+  return {.kind = "jobs",
+          .count = 2,
+          .build = [jobs](setpoint::ControllerBuilder& b) {
+            b.Reconcile(setpoint::MakePlan(
+                "jobs", [jobs](const setpoint::Context&)
+                            -> absl::StatusOr<setpoint::Procedures> {
+                  (void)*jobs;  // Plan the jobs of this node's shards.
+                  return setpoint::Procedures{};
+                }));
+            return absl::OkStatus();
+          }};
+}
+
 int main(int argc, char** argv) {
+  int jobs = 1000;
   return setpoint::PodMain(argc, argv, {
       .program = "jobs",
       .description = "Runs the jobs of the catalogue it owns.",
-      .kinds = {{.kind = "jobs", .count = 2,
-                 .factory = [](const setpoint::NodeInfo& info) {
-                   return std::make_unique<JobsNode>(info);
+      .kinds = {JobsKind(&jobs).ToNodeKind()},
+      .flags = {{.name = "jobs", .help = "jobs in the catalogue",
+                 .set = [&](const std::string& v) {
+                   return absl::SimpleAtoi(v, &jobs) && jobs >= 0
+                              ? absl::OkStatus()
+                              : absl::InvalidArgumentError("not a count");
                  }}},
   });
 }

@@ -147,7 +147,7 @@ absl::Status CheckProgramOptions(const PodMainOptions& options) {
 
 absl::Status CallSetter(const PodFlag& flag, absl::string_view value) {
   return CallUserCode("setter", [&] {
-    return flag.set(std::string_view(value.data(), value.size()));
+    return flag.set(std::string(value.data(), value.size()));
   });
 }
 

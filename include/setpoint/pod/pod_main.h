@@ -8,14 +8,10 @@
 //     return setpoint::PodMain(argc, argv, {
 //         .program = "jobs",
 //         .description = "Runs the jobs of the catalogue it owns.",
-//         .kinds = {{.kind = "jobs", .count = 2,
-//                    .factory = [&](const setpoint::NodeInfo& info) {
-//                      return std::make_unique<JobsNode>(info, jobs);
-//                    }}},
+//         .kinds = {JobsKind(&jobs).ToNodeKind()},  // a ControllerKind
 //         .flags = {{.name = "jobs", .help = "jobs in the catalogue",
-//                    .set = [&](std::string_view v) {
-//                      return absl::SimpleAtoi(
-//                                 absl::string_view(v.data(), v.size()), &jobs)
+//                    .set = [&](const std::string& v) {
+//                      return absl::SimpleAtoi(v, &jobs)
 //                                 ? absl::OkStatus()
 //                                 : absl::InvalidArgumentError("not a number");
 //                    }}},
@@ -107,8 +103,11 @@ struct PodFlag {
   std::string help = "";
   // Called during parsing with the value of each occurrence, in order. An
   // error is a bad value: the pod exits with code 2, printing the flag and
-  // the message. Required.
-  std::function<absl::Status(std::string_view value)> set = nullptr;
+  // the message. Required. The value is a std::string, so a setter may take
+  // `const std::string&`, `std::string_view` or `absl::string_view` and hand
+  // it to absl::SimpleAtoi or absl::ParseDuration as it is (with Debian's
+  // abseil, absl::string_view is not std::string_view).
+  std::function<absl::Status(const std::string& value)> set = nullptr;
 };
 
 struct PodMainOptions {
