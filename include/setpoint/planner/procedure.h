@@ -108,6 +108,9 @@ using Procedures = std::vector<
 // as for any class, on any thread, for as long as the caller keeps it.
 class Procedure {
  public:
+  // Its match is the sized operator delete below (the arena needs the
+  // size), which clang-tidy's check does not count.
+  // NOLINTNEXTLINE(misc-new-delete-overloads)
   static void* operator new(std::size_t size) {
     return planner_internal::AllocateProcedureMemory(size);
   }
