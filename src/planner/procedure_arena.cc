@@ -16,8 +16,7 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
-namespace setpoint {
-namespace planner_internal {
+namespace setpoint::planner_internal {
 namespace {
 
 // The active arena of this thread, if a Scope is open on it.
@@ -264,5 +263,4 @@ size_t ArenaChunkCache::cached() const {
   return free_count_;
 }
 
-}  // namespace planner_internal
-}  // namespace setpoint
+}  // namespace setpoint::planner_internal

@@ -30,8 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "setpoint/base/mutex.h"
 
-namespace setpoint {
-namespace planner_internal {
+namespace setpoint::planner_internal {
 
 class ProcedureArena;
 
@@ -132,7 +131,6 @@ class ProcedureArena {
   void* free_[kClasses] = {};
 };
 
-}  // namespace planner_internal
-}  // namespace setpoint
+}  // namespace setpoint::planner_internal
 
 #endif  // SETPOINT_SRC_PLANNER_PROCEDURE_ARENA_H_
