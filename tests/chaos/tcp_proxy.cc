@@ -157,11 +157,20 @@ void TcpProxy::Partition(bool on, bool refuse_new) {
 }
 
 void TcpProxy::SetDelay(absl::Duration delay) {
+  int64_t generation;
   {
     MutexLock l(&mu_);
     delay_ns_ = std::max<int64_t>(0, absl::ToInt64Nanoseconds(delay));
+    generation = ++delay_generation_;
   }
   Wake();
+  // Until the loop has read it (bounded: a stopped loop reads nothing).
+  MutexLock l(&mu_);
+  delay_seen_cv_.WaitUntil(
+      &mu_, {}, std::chrono::steady_clock::now() + std::chrono::seconds(2),
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return delay_seen_ >= generation;
+      });
 }
 
 void TcpProxy::KillConnections() {
@@ -257,6 +266,8 @@ void TcpProxy::Loop(std::stop_token stop) {
       MutexLock l(&mu_);
       partitioned = partitioned_;
       delay = delay_ns_;
+      delay_seen_ = delay_generation_;
+      delay_seen_cv_.SignalAll();
       kill_generation = kill_generation_;
       if (kill_generation != seen_kill) {
         stats_.killed += static_cast<int64_t>(conns.size());

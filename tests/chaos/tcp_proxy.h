@@ -86,6 +86,11 @@ class TcpProxy {
   bool refuse_new_ ABSL_GUARDED_BY(mu_) = false;
   int64_t delay_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t kill_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // SetDelay waits until the forwarding loop has read the new delay, so
+  // the bytes a caller sends after it returns are delayed.
+  int64_t delay_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t delay_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar delay_seen_cv_;
   TcpProxyStats stats_ ABSL_GUARDED_BY(mu_);
   std::jthread thread_;  // Last: started after everything it reads.
 };
