@@ -62,12 +62,14 @@ class ZoneApi {
       return absl::InternalError("PowerDNS: the zone is not JSON with rrsets");
     }
     Rrsets out;
+    // A field of the wrong type throws, which the source reports as a
+    // failed list (nothing is deleted on it).
     for (const auto& set : zone["rrsets"]) {
-      std::string type = set.value("type", "");
-      if (!Managed(type)) continue;
+      std::string type = set.is_object() ? set.value("type", "") : "";
+      if (!Managed(type) || !set.contains("records")) continue;
       Rrset& one = out[absl::StrCat(set.value("name", ""), " ", type)];
       one.ttl = set.value("ttl", 0u);
-      for (const auto& rec : set["records"]) {
+      for (const auto& rec : set.at("records")) {
         one.contents.push_back(rec.value("content", ""));
       }
       std::sort(one.contents.begin(), one.contents.end());
@@ -89,7 +91,8 @@ class ZoneApi {
     return absl::StrCat("/api/v1/servers/localhost/zones/", o_->zone);
   }
   httplib::Headers Headers() const { return {{"X-API-Key", o_->api_key}}; }
-  // A connection per call, its timeouts the context's (the lease's end).
+  // A connection per call, its timeouts the context's deadline (the
+  // syncer's operation_timeout), at most 10 s.
   httplib::Client Client(const Context& ctx) const {
     httplib::Client c(o_->host, o_->port);
     absl::Duration left =
