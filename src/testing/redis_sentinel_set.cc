@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -306,9 +307,12 @@ absl::Status RedisSentinelSet::Start() {
   if (dir_.empty()) return absl::InternalError("no temporary directory");
   if (!servers_.empty()) return absl::OkStatus();
   const std::string& name = options_.master_name;
+  std::set<int> taken;  // Six ports picked before any binds: all distinct.
   auto make = [&](const std::string& tag) {
     Process p;
-    p.port = FreeLoopbackPort();
+    do {
+      p.port = FreeLoopbackPort();
+    } while (p.port != 0 && !taken.insert(p.port).second);
     p.dir = absl::StrCat(dir_, "/", tag);
     std::filesystem::create_directories(p.dir);
     return p;
@@ -357,7 +361,7 @@ absl::Status RedisSentinelSet::Start() {
   const std::string want = absl::StrCat(
       "status=ok,address=127.0.0.1:", master_port,
       ",slaves=", options_.replicas, ",sentinels=", options_.sentinels);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   std::string last;
   while (true) {
     bool all = true;
@@ -373,7 +377,7 @@ absl::Status RedisSentinelSet::Start() {
     if (all) return absl::OkStatus();
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::DeadlineExceededError(
-          absl::StrCat("sentinels did not see the set within 30 s (want ", want,
+          absl::StrCat("sentinels did not see the set within 60 s (want ", want,
                        "; last: ", last, "); see ", dir_));
     }
     // Polling a condition with a deadline: sentinel discovery.

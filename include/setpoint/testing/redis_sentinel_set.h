@@ -73,7 +73,7 @@ class RedisSentinelSet {
   RedisSentinelSet(const RedisSentinelSet&) = delete;
   RedisSentinelSet& operator=(const RedisSentinelSet&) = delete;
 
-  // Starts the servers, then the sentinels, and waits (up to 30 s) until
+  // Starts the servers, then the sentinels, and waits (up to 60 s) until
   // each sentinel reports the master with all replicas and all other
   // sentinels. kNotFound without a binary; kDeadlineExceeded when they do
   // not come together; kInternal when a process exits at start (the
