@@ -115,7 +115,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(notice->membership || !notice->freed.empty(), "notice says what");
     for (const auto& [kind, ranges] : notice->freed) {
       Check(!notice->membership, "freed only in a release notice");
-      for (const auto& f : ranges) Check(f.begin < f.end, "freed not empty");
+      Check(!ranges.Empty(), "freed set not empty");
+      for (const auto& f : ranges.runs()) {
+        Check(f.begin < f.end, "freed run not empty");
+      }
     }
   } else {
     Check(text.substr(0, text.find('\t')) == "self", "only ours is dropped");
