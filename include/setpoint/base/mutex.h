@@ -19,6 +19,7 @@
 #ifndef SETPOINT_BASE_MUTEX_H_
 #define SETPOINT_BASE_MUTEX_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -77,14 +78,30 @@ class CondVar {
   CondVar(const CondVar&) = delete;
   CondVar& operator=(const CondVar&) = delete;
 
-  // Blocks until signalled (or spuriously). `mu` must be held.
-  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { cv_.wait(*mu); }
+  // Blocks until signalled, or spuriously (at the latest after kRecheck).
+  // `mu` must be held.
+  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    cv_.wait_for(*mu, kRecheck);
+  }
 
   // Blocks until `pred()` holds or `stop` is requested. Returns pred().
+  //
+  // Both waits look at `pred()` again at least every kRecheck even without
+  // a signal: glibc's condition variable can lose a wake-up (sourceware
+  // bug 25847, in Debian 12's glibc; seen here as a relay that slept
+  // through three broadcasts), and a lost one must cost a short delay,
+  // not a thread asleep for good.
   template <typename Pred>
   bool Wait(Mutex* mu, std::stop_token stop, Pred pred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return cv_.wait(*mu, std::move(stop), std::move(pred));
+    // A stop wakes the wait; one that comes between the check and the
+    // wait is seen within kRecheck.
+    std::stop_callback wake(stop, [this] { cv_.notify_all(); });
+    while (!pred()) {
+      if (stop.stop_requested()) return false;
+      cv_.wait_for(*mu, kRecheck);
+    }
+    return true;
   }
 
   // Blocks until `pred()` holds, `stop` is requested, or the steady-clock
@@ -93,8 +110,17 @@ class CondVar {
   bool WaitUntil(Mutex* mu, std::stop_token stop,
                  std::chrono::steady_clock::time_point deadline, Pred pred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return cv_.wait_until(*mu, std::move(stop), deadline, std::move(pred));
+    std::stop_callback wake(stop, [this] { cv_.notify_all(); });
+    while (!pred()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (stop.stop_requested() || now >= deadline) return false;
+      cv_.wait_until(*mu, std::min(deadline, now + kRecheck));
+    }
+    return true;
   }
+
+  // How often a wait looks again without a signal (see Wait).
+  static constexpr std::chrono::milliseconds kRecheck{1000};
 
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
