@@ -845,9 +845,15 @@ TEST(NodeManagerOptionsTest, RefusesBadOptionsNamingTheField) {
       {[](auto& o) { o.nudge_burst = 0; }, "nudge_burst"},
       {[](auto& o) {
          o.poll_interval = absl::Milliseconds(500);
-         o.lease = absl::Milliseconds(900);  // default margin 500 ms
+         o.lease = absl::Seconds(1);  // default margin 500 ms
        },
        "fence_margin"},
+      {[](auto& o) {
+         o.poll_interval = absl::Milliseconds(500);
+         o.lease = absl::Milliseconds(900);
+         o.fence_margin = absl::Milliseconds(100);
+       },
+       "lease"},
   };
   for (const Case& c : cases) {
     NodeManagerOptions o = base();

@@ -143,9 +143,16 @@ struct NodeManagerOptions {
 };
 
 // Returns kInvalidArgument naming the field for unusable options: no
-// registry, no kinds, an empty or duplicate kind, a '/' in a name, count or
-// ring size <= 0, no factory, lease <= poll_interval, fence_margin >= lease.
+// registry, no factory, or what ValidateNodeManagerSettings refuses.
 absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& options);
+
+// The checks of the settings alone, without the parts code supplies
+// (registry, factories): no kinds, an empty or duplicate kind, a '/' in a
+// name, count or ring size <= 0, lease < 2 * poll_interval, a fence margin
+// that leaves no more than poll_interval of the lease, timeouts <= 0, a bad
+// backoff. The one place these rules are written: PodConfig's parser uses
+// it too.
+absl::Status ValidateNodeManagerSettings(const NodeManagerOptions& options);
 
 // The fence margin in force: options.fence_margin, or when it is zero
 // max(20% of lease, poll_interval). The one place the node layer writes the
@@ -269,6 +276,8 @@ class NodeManager {
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
   void Apply(std::vector<Move>& moves);
+  // Protocol thread: why the kind's targets last moved ("none" before any).
+  const std::string& Reason(const std::string& kind) const;
   void Deliver(Slot& slot, Assignment assignment)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceAll(const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -356,6 +365,9 @@ class NodeManager {
   std::map<std::string, uint64_t> max_tokens_;
   std::optional<PollResult> last_view_;
   std::map<std::string, std::map<std::string, ShardSet>> last_targets_;
+  // Kind -> why its targets last moved (join, leave, drain, epoch, start;
+  // lease_protocol::MoveReason), for the handoff's log lines.
+  std::map<std::string, std::string> move_reasons_;
   // The loop is blocked until wait_until_ (for Idle()).
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time wait_until_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,66 @@
+// The restart loop: runs a node, and after a failed Run waits until it
+// holds nothing and left the ring, then backs off and starts it again.
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "node/node_slot.h"
+#include "setpoint/base/backoff.h"
+#include "setpoint/base/format.h"
+#include "setpoint/node/node_manager.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+
+void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
+  const Context ctx(nodes_stop_.get_token(), clock_);
+  Backoff backoff(options_.restart_backoff);
+  while (true) {
+    {
+      MutexLock l(&mu_);
+      slot.running = true;
+    }
+    absl::Status status;
+    try {
+      status = slot.node->Run(ctx);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("run threw: ", e.what()));
+    } catch (...) {
+      status = absl::InternalError("run threw a non-exception");
+    }
+    {
+      MutexLock l(&mu_);
+      slot.running = false;
+    }
+    if (ctx.Cancelled() || stop.stop_requested()) return;
+    if (status.ok()) {
+      status = absl::InternalError("run returned before the node was stopped");
+    }
+    MutexLock l(&mu_);
+    slot.failed = true;
+    ++slot.restarts;
+    ++stats_.restarts;
+    absl::Duration wait = backoff.Next();
+    SPDLOG_LOGGER_ERROR(logger_,
+                        "node failed node={} restarts={} retry_in={}: {}",
+                        slot.info.id, slot.restarts, wait, status);
+    wake_ = true;
+    cv_.SignalAll();
+    // Wait until the node holds nothing and left the ring, then back off.
+    cv_.Wait(&mu_, stop, [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return slot.restart_ok;
+    });
+    if (stop.stop_requested()) return;
+    mu_.Unlock();
+    bool waited = clock_->SleepFor(wait, stop);
+    mu_.Lock();
+    if (!waited) return;
+    slot.failed = false;
+    slot.restart_ok = false;
+    slot.registered = true;
+    poll_needed_ = true;
+    wake_ = true;
+    cv_.SignalAll();
+  }
+}
+
+}  // namespace setpoint
