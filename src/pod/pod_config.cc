@@ -25,7 +25,6 @@
 #include "pod_yaml.h"
 #include "setpoint/base/status.h"
 #include "setpoint/pod/ops_server.h"
-#include "setpoint/registry/in_memory_node_registry.h"
 
 namespace setpoint {
 namespace {
@@ -820,24 +819,8 @@ absl::Status CheckTogether(const PodConfig& c, const Flat& flat) {
     return Bad("kinds", absl::StrCat("must name at most ", kPodConfigMaxKinds,
                                      " kinds, got ", c.manager.kinds.size()));
   }
-  const absl::Duration poll = c.manager.poll_interval;
-  const absl::Duration lease = c.manager.lease;
-  const char* why =
-      ": a renewal must be able to fail once and still leave time before the "
-      "fence";
-  if (lease <= poll) {
-    return Bad("lease", absl::StrCat("(", absl::FormatDuration(lease),
-                                     ") must be > poll_interval (",
-                                     absl::FormatDuration(poll),
-                                     "), and >= 2 * poll_interval", why));
-  }
-  if (lease < 2 * poll) {
-    return Bad("lease", absl::StrCat("(", absl::FormatDuration(lease),
-                                     ") must be >= 2 * poll_interval (",
-                                     absl::FormatDuration(poll), ")", why));
-  }
-  // fence_margin's rule is the node manager's own
-  // (ValidateNodeManagerOptions, called after this): not written twice.
+  // The lease and fence margin rules are the node manager's own
+  // (ValidateNodeManagerSettings, called after this): not written twice.
   return absl::OkStatus();
 }
 
@@ -892,15 +875,7 @@ absl::StatusOr<PodConfig> Parse(const std::string& yaml,
   SETPOINT_RETURN_IF_ERROR(CheckTogether(config, flat));
   // The checks of the options' owners, but for the parts code supplies
   // (factories, registry).
-  static InMemoryNodeRegistry* placeholder = new InMemoryNodeRegistry();
-  NodeManagerOptions check = config.manager;
-  check.registry = placeholder;
-  for (auto& k : check.kinds) {
-    k.factory = [](const NodeInfo&) -> std::unique_ptr<Node> {
-      return nullptr;
-    };
-  }
-  SETPOINT_RETURN_IF_ERROR(ValidateNodeManagerOptions(check));
+  SETPOINT_RETURN_IF_ERROR(ValidateNodeManagerSettings(config.manager));
   if (config.registry_type == "redis") {
     SETPOINT_RETURN_IF_ERROR(ValidateRedisNodeRegistryOptions(config.redis));
   }

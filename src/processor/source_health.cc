@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
 
 namespace setpoint {
@@ -16,12 +17,7 @@ constexpr const char* kReconnectReasons[] = {"error", "idle_timeout", "closed"};
 int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
 // "3.2s", "250ms": short enough for a probe's line.
-std::string Age(absl::Duration d) {
-  if (d < absl::Milliseconds(1)) return "0s";
-  const absl::Duration unit =
-      d >= absl::Seconds(1) ? absl::Milliseconds(100) : absl::Milliseconds(1);
-  return absl::FormatDuration(absl::Trunc(d, unit));
-}
+std::string Age(absl::Duration d) { return HumanDuration(d); }
 
 void AppendTime(std::string* out, absl::Time t) {
   if (t == absl::InfinitePast()) {

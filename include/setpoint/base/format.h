@@ -1,5 +1,6 @@
 // fmt formatters for the absl types setpoint logs: absl::Status,
-// absl::StatusCode, absl::Duration and absl::Time.
+// absl::StatusCode, absl::Duration and absl::Time; and HumanDuration, a
+// duration rounded for people (probes, status lines).
 //
 //   SPDLOG_LOGGER_WARN(logger, "retrying op={} err={} after={}",
 //                      op, status, delay);
@@ -53,5 +54,20 @@ struct fmt::formatter<absl::Time> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(text, ctx);
   }
 };
+
+namespace setpoint {
+
+// A duration for a person to read: whole milliseconds under a second,
+// tenths of a second above ("250ms", "3.2s", "1m30.5s"); "0s" under a
+// millisecond. Negative durations read as their size with a '-'.
+inline std::string HumanDuration(absl::Duration d) {
+  const absl::Duration size = absl::AbsDuration(d);
+  if (size < absl::Milliseconds(1)) return "0s";
+  const absl::Duration unit = size >= absl::Seconds(1) ? absl::Milliseconds(100)
+                                                       : absl::Milliseconds(1);
+  return absl::FormatDuration(absl::Trunc(d, unit));
+}
+
+}  // namespace setpoint
 
 #endif  // SETPOINT_BASE_FORMAT_H_

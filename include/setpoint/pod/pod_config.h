@@ -36,9 +36,10 @@
 //    other (an override of one replaces the file's).
 //  - Durations are finite whole milliseconds (the registry counts ms),
 //    1ms..24h; fence_margin may also be 0 (the default margin).
-//  - lease >= 2 * poll_interval: a renewal must be able to fail once and
-//    still leave time before the fence. Then the node manager's own rules
-//    (ValidateNodeManagerOptions): the effective fence margin
+//  - The node manager's own rules (ValidateNodeManagerSettings, the one
+//    place they are written): lease >= 2 * poll_interval, so a renewal
+//    may fail once and still leave time before the fence; the effective
+//    fence margin
 //    (fence_margin, or max(20% of lease, poll_interval) when 0) must leave
 //    more than poll_interval of the lease, or a node would fence before
 //    every renewal.

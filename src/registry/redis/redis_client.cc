@@ -198,10 +198,17 @@ absl::Status RedisClient::Fail(const char* what) {
   std::string err = ctx_ != nullptr ? std::string(ctx_->errstr) : "no context";
   bool timeout = ctx_ != nullptr && ctx_->err == REDIS_ERR_IO &&
                  (errno == EAGAIN || errno == EWOULDBLOCK);
+  const absl::Duration waited = timeout_in_force_;
   Disconnect();
+  if (timeout) {
+    // hiredis reports a read that timed out as EAGAIN's text ("Resource
+    // temporarily unavailable"): say what happened instead.
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " redis=", endpoint_.ToString(),
+                     ": no reply within ", HumanDuration(waited)));
+  }
   std::string msg =
       absl::StrCat(what, " redis=", endpoint_.ToString(), ": ", err);
-  if (timeout) return absl::DeadlineExceededError(msg);
   return absl::UnavailableError(msg);
 }
 
@@ -247,7 +254,7 @@ absl::Status RedisClient::EnsureConnected(absl::Duration budget) {
     return absl::UnavailableError(
         absl::StrCat("connect redis=", endpoint_.ToString(),
                      ": waiting to reconnect after a failure, retry in ",
-                     absl::FormatDuration(next_connect_ - now)));
+                     HumanDuration(next_connect_ - now)));
   }
   auto failed = [&](absl::Status s) {
     Disconnect();
