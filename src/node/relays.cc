@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 
 #include "node/node_slot.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/node/node_manager.h"
 #include "spdlog/spdlog.h"
@@ -183,28 +183,19 @@ void NodeManager::RelayWorker(int64_t id, std::stop_token stop) {
                      : ctx;
     }
     Slot& slot = *picked;
-    bool threw = false;
-    absl::Status status;
     const auto call_start = std::chrono::steady_clock::now();
-    try {
-      status = slot.node->UpdateShardRange(call_ctx, next);
-      if (handoff_duration_ != nullptr) {
-        handoff_duration_->Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                          call_start)
-                .count());
-      }
-    } catch (const std::exception& e) {
-      threw = true;
-      SPDLOG_LOGGER_ERROR(logger_,
-                          "UpdateShardRange threw node={} range={}: {}",
-                          slot.info.id, next.range, e.what());
-    } catch (...) {
-      threw = true;
-      SPDLOG_LOGGER_ERROR(logger_,
-                          "UpdateShardRange threw a non-exception node={} "
-                          "range={}",
-                          slot.info.id, next.range);
+    absl::Status status = CallUserCode("UpdateShardRange", [&] {
+      return slot.node->UpdateShardRange(call_ctx, next);
+    });
+    const bool threw = ThrewException(status);
+    if (threw) {
+      SPDLOG_LOGGER_ERROR(logger_, "node's update threw node={} range={}: {}",
+                          slot.info.id, next.range, status);
+    } else if (handoff_duration_ != nullptr) {
+      handoff_duration_->Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        call_start)
+              .count());
     }
     MutexLock l(&mu_);
     ++idle_relays_;

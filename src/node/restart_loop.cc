@@ -1,10 +1,10 @@
 // The restart loop: runs a node, and after a failed Run waits until it
 // holds nothing and left the ring, then backs off and starts it again.
-#include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "node/node_slot.h"
 #include "setpoint/base/backoff.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
 #include "setpoint/node/node_manager.h"
 #include "spdlog/spdlog.h"
@@ -19,14 +19,8 @@ void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
       MutexLock l(&mu_);
       slot.running = true;
     }
-    absl::Status status;
-    try {
-      status = slot.node->Run(ctx);
-    } catch (const std::exception& e) {
-      status = absl::InternalError(absl::StrCat("run threw: ", e.what()));
-    } catch (...) {
-      status = absl::InternalError("run threw a non-exception");
-    }
+    absl::Status status =
+        CallUserCode("run", [&] { return slot.node->Run(ctx); });
     {
       MutexLock l(&mu_);
       slot.running = false;
