@@ -255,6 +255,9 @@ bool NodeManager::Idle() const {
   }
   const absl::Time now = clock_->Now();
   for (const auto& slot : slots_) {
+    // A failed node allowed to restart, whose run thread has not yet begun
+    // its backoff on the clock (or just ended it).
+    if (slot->restart_ok && !slot->backing_off) return false;
     // A relay waiting out a refusal's pause waits for the clock too.
     if (!slot->queue.empty() && (slot->in_call || now >= slot->retry_at)) {
       return false;

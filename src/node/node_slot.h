@@ -27,6 +27,9 @@ struct NodeManager::Slot {
   bool failed = false;
   // Fenced and deregistered; the run thread may restart Run.
   bool restart_ok = false;
+  // The run thread waits out the restart backoff on the clock (set in the
+  // critical section that starts the wait, so Idle() sees no gap).
+  bool backing_off = false;
   // Fenced (renewals failed, the lease lapsed, the record differed or the
   // state is new): the empty range was queued, and the node waits for a
   // renewal in time before it may be granted anything again.

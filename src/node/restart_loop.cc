@@ -44,10 +44,14 @@ void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
       return slot.restart_ok;
     });
     if (stop.stop_requested()) return;
-    mu_.Unlock();
-    bool waited = clock_->SleepFor(wait, stop);
-    mu_.Lock();
-    if (!waited) return;
+    // The backoff is a wait on the clock that starts under mu_, so a test
+    // that asks Idle() never sees the loop between "may restart" and
+    // "asleep on the clock".
+    slot.backing_off = true;
+    clock_->AwaitWithDeadline(&mu_, &cv_, clock_->Now() + wait, stop,
+                              [] { return false; });
+    slot.backing_off = false;
+    if (stop.stop_requested()) return;
     slot.failed = false;
     slot.restart_ok = false;
     slot.registered = true;

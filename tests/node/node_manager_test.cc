@@ -402,7 +402,10 @@ TEST_F(NodeManagerTest,
 
 TEST_F(NodeManagerTest, FailedNodeLeavesTheRingAndRestarts) {
   NodeManager& a = StartPod("a", nullptr, 2, /*fail_runs=*/1);
-  // Both nodes fail once, leave, wait 1 s and come back.
+  // Both nodes fail once, leave, wait 1 s and come back. The failures are
+  // the nodes' own threads, which Idle() cannot see coming: wait for them
+  // in real time before time moves.
+  ASSERT_TRUE(AwaitCondition([&] { return a.stats().restarts == 2; }));
   ASSERT_TRUE(AdvanceUntil([&] {
     auto nodes = a.Nodes();
     return nodes[0].restarts == 1 && nodes[1].restarts == 1 &&
