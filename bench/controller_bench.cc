@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -49,6 +50,7 @@
 #include "setpoint/processor/source.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/syncer.h"
+#include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/null_logger.h"
@@ -782,12 +784,23 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
             },
         .options = {.logger = setpoint::testing::NullLogger()}};
     const int64_t before = ProcessThreads();
+    // The pod's updater pool, as PodMain makes it (counted with the pod).
+    std::unique_ptr<setpoint::UpdaterPool> pool;
+    if (updaters > 0) {
+      pool =
+          std::make_unique<setpoint::UpdaterPool>(setpoint::UpdaterPoolOptions{
+              .name = "pod/updaters", .threads = updaters});
+      if (!pool->Start().ok()) {
+        state.SkipWithError("updater pool did not start");
+        return;
+      }
+    }
     setpoint::NodeManager pod({.pod_id = "pod",
                                .kinds = {kind.ToNodeKind()},
                                .registry = &registry,
                                .poll_interval = absl::Milliseconds(50),
                                .lease = absl::Seconds(1),
-                               .updater_threads = updaters,
+                               .updaters = pool.get(),
                                .logger = setpoint::testing::NullLogger()});
     if (!pod.Start().ok()) {
       state.SkipWithError("pod did not start");
@@ -820,6 +833,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
     }
     added = last;
     pod.Stop();
+    if (pool != nullptr) pool->Stop();
     state.ResumeTiming();
     if (!owned) {
       state.SkipWithError("the pod did not own its ring and get ready");

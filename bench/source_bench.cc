@@ -193,7 +193,6 @@ void BM_SharedPollFanout(benchmark::State& state) {
                      .registry = &registry,
                      .poll_interval = absl::Milliseconds(50),
                      .lease = absl::Seconds(1),
-                     .updater_threads = 0,
                      .logger = testing::NullLogger()});
     in_sync = 0;
     if (!pod.Start().ok()) return state.SkipWithError("pod start");

@@ -23,7 +23,6 @@
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
 #include "setpoint/base/status.h"
-#include "setpoint/processor/updater_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint {
@@ -49,15 +48,6 @@ absl::Status NodeManager::Start() {
     }
     started_ = true;
   }
-  if (options_.updater_threads > 0) {
-    updaters_ = std::make_unique<UpdaterPool>(
-        UpdaterPoolOptions{.name = pod_id_ + "/updaters",
-                           .threads = options_.updater_threads,
-                           .logger = logger_});
-    if (absl::Status s = updaters_->Start(); !s.ok()) {
-      return Annotate(s, "start node manager");
-    }
-  }
   // Create every node before starting any, so a failing factory starts
   // nothing.
   std::vector<std::unique_ptr<Slot>> slots;
@@ -69,7 +59,7 @@ absl::Status NodeManager::Start() {
                             i,
                             kind.ring_size,
                             options_.metrics,
-                            updaters_.get()};
+                            options_.updaters};
       try {
         slot->node = kind.factory(slot->info);
       } catch (const std::exception& e) {
@@ -153,8 +143,6 @@ void NodeManager::Stop() {
   for (auto& r : relays) {
     if (r.joinable()) r.join();
   }
-  // Every node's Run has returned, and with it its syncers stopped.
-  if (updaters_ != nullptr) updaters_->Stop();
   SPDLOG_LOGGER_INFO(logger_, "node manager stopped pod={}", pod_id_);
 }
 

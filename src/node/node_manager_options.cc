@@ -49,10 +49,6 @@ absl::Status ValidateNodeManagerOptions(const NodeManagerOptions& o) {
 }
 
 absl::Status ValidateNodeManagerSettings(const NodeManagerOptions& o) {
-  if (o.updater_threads < 0) {
-    return Invalid("updater_threads",
-                   absl::StrCat("must be >= 0, got ", o.updater_threads));
-  }
   if (o.pod_id.find('/') != std::string::npos) {
     return Invalid(
         "pod_id", absl::StrCat("must not contain '/', got \"", o.pod_id, "\""));

@@ -521,11 +521,11 @@ constexpr KeySpec kKeys[] = {
      "0..1024; 0: each syncer owns its threads",
      [](PodConfig& c, const Setting& s) -> absl::Status {
        SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(s.field, s.text, 0, 1024));
-       c.manager.updater_threads = static_cast<int>(n);
+       c.updater_threads = static_cast<int>(n);
        return absl::OkStatus();
      },
      [](const PodConfig& c, const NodeKindOptions*) {
-       return absl::StrCat(c.manager.updater_threads);
+       return absl::StrCat(c.updater_threads);
      }},
     {"kinds.<kind>.count", "<n>", "nodes of the kind in this pod, 1..1024",
      [](PodConfig& c, const Setting& s) -> absl::Status {

@@ -34,6 +34,7 @@
 #include "setpoint/base/json.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/pod/ops_server.h"
+#include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "spdlog/pattern_formatter.h"
@@ -726,7 +727,23 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
   MetricsRegistry* metrics =
       options.metrics != nullptr ? options.metrics : &own_metrics;
   PodSeries series(*metrics, args.config);
+  // The pod's updater pool, shared by every node's syncers. Declared before
+  // the manager: it outlives the nodes (the manager stops them first).
+  std::unique_ptr<UpdaterPool> updaters;
+  if (args.config.updater_threads > 0) {
+    updaters = std::make_unique<UpdaterPool>(
+        UpdaterPoolOptions{.name = absl::StrCat(pod, "/updaters"),
+                           .threads = args.config.updater_threads,
+                           .logger = logger});
+    if (absl::Status s = updaters->Start(); !s.ok()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: updaters: {}", pod,
+                          s);
+      close(signal_fd);
+      return kPodExitFailed;
+    }
+  }
   NodeManagerOptions manager_options = args.config.manager;
+  manager_options.updaters = updaters.get();
   manager_options.registry = registry->get();
   manager_options.logger = logger;
   manager_options.metrics = metrics;
@@ -829,6 +846,8 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
                        pod, strerror(errno));
   }
   manager.Stop();
+  // Every node's Run has returned, and with it its syncers stopped.
+  if (updaters != nullptr) updaters->Stop();
   series.Listen(nullptr);
   if (ops != nullptr) ops->Stop();  // Served /readyz "not ready" meanwhile.
   if (wake_fd >= 0) {

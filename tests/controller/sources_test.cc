@@ -22,6 +22,7 @@
 #include "setpoint/controller/pod_sources.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/planner/plan.h"
+#include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/controller_harness.h"
@@ -515,6 +516,8 @@ TEST(ControllerSourcesTest, ManagedPodsListOncePerIntervalEach) {
     }
   }
   InMemoryNodeRegistry registry;
+  UpdaterPool updaters({.name = "updaters", .threads = 2});
+  ASSERT_THAT(updaters.Start(), IsOk());
   std::vector<std::unique_ptr<NodeManager>> pods;
   for (const char* pod : {"a", "b"}) {
     pods.push_back(std::make_unique<NodeManager>(
@@ -523,7 +526,7 @@ TEST(ControllerSourcesTest, ManagedPodsListOncePerIntervalEach) {
                            .registry = &registry,
                            .poll_interval = absl::Milliseconds(20),
                            .lease = absl::Milliseconds(500),
-                           .updater_threads = 2,
+                           .updaters = &updaters,
                            .logger = NullLogger()}));
     ASSERT_THAT(pods.back()->Start(), IsOk());
   }

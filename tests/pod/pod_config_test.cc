@@ -150,7 +150,7 @@ TEST(PodConfigTest, UpdaterThreadsIsAKey) {
   auto c = ParsePodConfig("updater_threads: 0\n", {},
                           {NodeKindOptions{.kind = "vm"}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->manager.updater_threads, 0);
+  EXPECT_EQ(c->updater_threads, 0);
   EXPECT_THAT(ParsePodConfig("", {"--updater_threads=2000"}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("updater_threads must be in 0..1024")));
@@ -164,8 +164,7 @@ TEST(PodConfigTest, TheKeysDefaultsComeFromPodConfigItself) {
                 absl::FormatDuration(defaults.manager.lease));
     }
     if (key.path == "updater_threads") {
-      EXPECT_EQ(key.default_value,
-                absl::StrCat(defaults.manager.updater_threads));
+      EXPECT_EQ(key.default_value, absl::StrCat(defaults.updater_threads));
     }
     if (key.path == "kinds.<kind>.ring_size") {
       EXPECT_EQ(key.default_value, "the program's, else 4096");

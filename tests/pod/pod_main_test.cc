@@ -547,6 +547,37 @@ TEST(PodMainProcessTest, SigtermStopsGracefullyWithCode0) {
                                    "\"graceful/work/0\",\"kind\":\"work\""));
 }
 
+TEST(PodMainProcessTest, ThePodsNodesShareOneUpdaterPoolOfTheConfigsSize) {
+  PodProcess pod(
+      Flags({"--pod_id=pool", "--kinds.work.count=2", "--updater_threads=3"}));
+  ASSERT_TRUE(pod.started());
+  ASSERT_TRUE(pod.AwaitOut("started pod=pool\n")) << pod.err();
+  const std::string out = pod.out();
+  const std::regex created(
+      "created node=pool/work/([01]) updaters=(\\S+) "
+      "threads=(\\d+)");
+  std::vector<std::string> pools;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), created);
+       it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ((*it)[3].str(), "3") << out;
+    pools.push_back((*it)[2].str());
+  }
+  ASSERT_EQ(pools.size(), 2u) << out;
+  EXPECT_NE(pools[0], "none");
+  EXPECT_EQ(pools[0], pools[1]);
+  pod.Signal(SIGTERM);
+  EXPECT_EQ(pod.AwaitExit(), kPodExitOk) << pod.err();
+
+  PodProcess none(Flags({"--pod_id=nopool", "--updater_threads=0"}));
+  ASSERT_TRUE(none.started());
+  ASSERT_TRUE(
+      none.AwaitOut("created node=nopool/work/0 updaters=none threads=0\n"
+                    "started pod=nopool\n"))
+      << none.out() << none.err();
+  none.Signal(SIGTERM);
+  EXPECT_EQ(none.AwaitExit(), kPodExitOk) << none.err();
+}
+
 TEST(PodMainProcessTest, ASecondSignalDuringASlowStopExitsAtOnceWithCode1) {
   PodProcess pod(Flags({"--pod_id=slow", "--slow_stop=true"}));
   ASSERT_TRUE(pod.started());

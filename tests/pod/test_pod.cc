@@ -1,6 +1,9 @@
 // test_pod: the pod program pod_main_test runs as a real process. PodMain
 // with one kind, "work", whose nodes wait for their context. Writes one
 // line per event to stdout (each one write(), so the test can wait for it):
+//   created node=<id> updaters=<pool> threads=<n>
+//                                 the factory; the pod's updater pool
+//                                 ("none", or its address and size)
 //   started pod=<id>              on_started: the manager started
 //   range node=<id> <shards>      UpdateShardRange with a non-empty range
 //                                 ("[b,e)", or "[b,e)+[b,e)..." for runs)
@@ -24,12 +27,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/metrics.h"
 #include "setpoint/node/node.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/pod/pod_main.h"
+#include "setpoint/processor/updater_pool.h"
 
 namespace {
 
@@ -101,6 +106,15 @@ int main(int argc, char** argv) {
                      .factory = [&](const setpoint::NodeInfo& info)
                          -> std::unique_ptr<setpoint::Node> {
                        if (fail_factory) return nullptr;
+                       Line(absl::StrCat(
+                           "created node=", info.id, " updaters=",
+                           info.updaters == nullptr
+                               ? std::string("none")
+                               : absl::StrFormat("%p", info.updaters),
+                           " threads=",
+                           info.updaters == nullptr
+                               ? 0
+                               : info.updaters->threads()));
                        return std::make_unique<WaitingNode>(info.id, slow_stop);
                      }}},
           .flags = {{.name = "slow_stop",

@@ -46,7 +46,7 @@ struct NodeInfo {
   // The pod's metrics (NodeManagerOptions::metrics), for the node's parts.
   // Null: none.
   MetricsRegistry* metrics = nullptr;
-  // The pod's updater threads (NodeManagerOptions::updater_threads), shared
+  // The pod's updater pool (NodeManagerOptions::updaters), shared
   // by the syncers of every node, so the pod's threads do not grow with its
   // node count. Null: each syncer owns its own.
   UpdaterPool* updaters = nullptr;

@@ -128,12 +128,13 @@ struct NodeManagerOptions {
   // (NodeInfo::metrics). Must outlive the manager.
   // Default: none.
   MetricsRegistry* metrics = nullptr;
-  // Threads of the pod's updater pool: every node's syncers share it
-  // (NodeInfo::updaters), each within its own max_in_flight. Size it for
-  // the client calls the pod should run at once. 0: no shared pool (each
-  // syncer owns threads, as a syncer alone does).
-  // Default: 16.
-  int updater_threads = 16;
+  // The pod's updater pool, handed to every node (NodeInfo::updaters) so
+  // that every node's syncers share its threads, each within its own
+  // max_in_flight. The pod owns it (PodMain makes one of the pod config's
+  // updater_threads): start it before Start() and stop it after Stop().
+  // Null: no shared pool (each syncer owns threads, as a syncer alone does).
+  // Default: none.
+  UpdaterPool* updaters = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
   // clock).
   // Default: Clock::Monotonic().
@@ -323,10 +324,6 @@ class NodeManager {
   Clock* const clock_;
   std::shared_ptr<spdlog::logger> logger_;
   absl::Duration fence_margin_;
-
-  // The pod's updater pool (NodeInfo::updaters); declared before slots_ so
-  // that it outlives the nodes' syncers. Null without one.
-  std::unique_ptr<UpdaterPool> updaters_;
 
   mutable Mutex mu_;
   CondVar cv_;

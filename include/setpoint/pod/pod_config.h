@@ -88,6 +88,12 @@ struct PodConfig {
   // Everything but the factories, registry, clock and logger, which code
   // supplies.
   NodeManagerOptions manager = {};
+  // Threads of the pod's updater pool, which PodMain starts before the
+  // node manager and hands to every node (NodeManagerOptions::updaters):
+  // every node's syncers share it, each within its own max_in_flight. Size
+  // it for the client calls the pod should run at once. 0: no shared pool
+  // (each syncer owns threads).
+  int updater_threads = 16;
   // "memory" or "redis".
   std::string registry_type = "memory";
   RedisNodeRegistryOptions redis = {};

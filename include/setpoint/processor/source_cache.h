@@ -367,14 +367,14 @@ void SourceCache<K, V>::PostChanges(std::vector<std::pair<K, V>> sets,
     const bool last = i + 1 == subs_.size();
     if (options_.filtered || !sub.filter) {
       // Everything the cache changed is the store's.
-      // The last store takes the vectors; the others copy them first (a
-      // move happens once, in the loop's last pass).
+      // The last store takes the vectors (a swap with its empty ones, in
+      // the loop's last pass); the others copy them first.
       if (last) {
-        u.sets = std::move(sets);
-        u.deletes = std::move(deletes);
+        u.sets.swap(sets);
+        u.deletes.swap(deletes);
       } else {
-        u.sets = sets;        // NOLINT(bugprone-use-after-move)
-        u.deletes = deletes;  // NOLINT(bugprone-use-after-move)
+        u.sets = sets;
+        u.deletes = deletes;
       }
     } else {
       for (const auto& kv : sets) {

@@ -532,7 +532,7 @@ typename WatchDriver<K, V>::StepResult WatchDriver<K, V>::Next(
   const absl::Time now = clock->Now();
   if (RelistPending()) return {now, true};  // The next step lists.
   if (!got.ok() && got.status().code() != absl::StatusCode::kDeadlineExceeded) {
-    const absl::Status status = got.status();
+    const absl::Status& status = got.status();
     CloseStream();
     if (IsWatchExpired(status)) {
       this->health_.WatchExpired();
