@@ -75,4 +75,14 @@ std::optional<absl::Duration> RetryAfterHint(const absl::Status& status) {
   return absl::Nanoseconds(nanos);
 }
 
+absl::Status UnsharedCopy(const absl::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status copy(status.code(), std::string(status.message()));
+  status.ForEachPayload(
+      [&copy](absl::string_view url, const absl::Cord& payload) {
+        copy.SetPayload(url, absl::Cord(std::string(payload)));
+      });
+  return copy;
+}
+
 }  // namespace setpoint

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
+#include "setpoint/base/status.h"
 
 namespace setpoint {
 namespace {
@@ -132,7 +133,7 @@ void SourceHealth::ListFailed(const absl::Status& error, absl::Duration took) {
     ++status_.list_failures;
     ++status_.consecutive_failures;
     status_.last_failure = now;
-    status_.last_error = error;
+    status_.last_error = UnsharedCopy(error);
     status_.last_failure_op = "list";
   }
   if (lists_failed_ != nullptr) {
@@ -180,7 +181,7 @@ void SourceHealth::WatchFailed(const absl::Status& error, WatchReconnect why) {
     ++status_.watch_failures;
     ++status_.consecutive_failures;
     status_.last_failure = now;
-    status_.last_error = error;
+    status_.last_error = UnsharedCopy(error);
     status_.last_failure_op = "watch";
   }
   Counter* c = reconnects_[static_cast<int>(why)];
@@ -229,7 +230,10 @@ void SourceHealth::CountError(const char* op, const absl::Status& error) {
 
 SourceStatus SourceHealth::status() const {
   MutexLock l(&mu_);
-  return status_;
+  SourceStatus copy = status_;
+  // The caller's thread gets an error of its own (see UnsharedCopy).
+  copy.last_error = UnsharedCopy(status_.last_error);
+  return copy;
 }
 
 std::string SourceHealth::NotReady() const {

@@ -81,6 +81,17 @@ TEST(StaleOwner, MarkSurvivesAnnotateAndIsNotARetryHint) {
   EXPECT_FALSE(RetryAfterHint(s).has_value());
 }
 
+TEST(UnsharedCopy, KeepsCodeMessageAndPayloads) {
+  absl::Status s =
+      WithRetryAfter(StaleOwnerError("token 3 < 5"), absl::Milliseconds(250));
+  absl::Status copy = UnsharedCopy(s);
+  EXPECT_EQ(copy, s);
+  EXPECT_TRUE(IsStaleOwner(copy));
+  EXPECT_EQ(RetryAfterHint(copy), absl::Milliseconds(250));
+  EXPECT_NE(copy.message().data(), s.message().data()) << "its own storage";
+  EXPECT_TRUE(UnsharedCopy(absl::OkStatus()).ok());
+}
+
 TEST(StatusMatchers, DescribeMismatch) {
   EXPECT_THAT(absl::NotFoundError("no such key"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("key")));

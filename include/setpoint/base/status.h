@@ -58,6 +58,14 @@ absl::Status AsStaleOwner(absl::Status status);
 // True for statuses made by StaleOwnerError or AsStaleOwner.
 bool IsStaleOwner(const absl::Status& status);
 
+// A copy of `status` that shares no storage with it: the same code,
+// message and payloads, each copied. For a status kept by one thread and
+// read by another (a health record, a last error): a plain copy shares one
+// reference-counted representation, and a ThreadSanitizer build against a
+// prebuilt abseil (Debian's) cannot see that count, so it reports the last
+// owner's free as a race with the other thread's read.
+absl::Status UnsharedCopy(const absl::Status& status);
+
 namespace internal {
 inline absl::Status AsStatus(absl::Status s) { return s; }
 template <typename T>
