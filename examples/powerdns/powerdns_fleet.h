@@ -10,10 +10,12 @@
 #include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -150,13 +152,35 @@ class PowerDnsFleet {
     }
     return !pods_.empty();
   }
-  // What the pods wrote on stderr so far.
+  // The pods that ended by themselves (a crash, a sanitizer's report):
+  // their ids. The processes stay unreaped.
+  std::vector<std::string> Ended() const {
+    std::vector<std::string> ended;
+    for (const auto& [id, pod] : pods_) {
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(pod.process->pid()), &info,
+                 WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == pod.process->pid()) {
+        ended.push_back(id);
+      }
+    }
+    return ended;
+  }
+  // What the pods wrote on stderr so far, and the end of PowerDNS's log.
   std::string Logs() {
     std::string all;
     for (auto& [id, pod] : pods_) {
       pod.process->ReadUntil([] { return false; }, absl::Milliseconds(10));
       absl::StrAppend(&all, "--- pod ", id, "\n", pod.process->err());
     }
+    for (const std::string& id : Ended()) {
+      absl::StrAppend(&all, "--- pod ", id, " has ended by itself\n");
+    }
+    std::ifstream in(pdns_.log_path());
+    std::string log((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+    if (log.size() > 4000) log = log.substr(log.size() - 4000);
+    absl::StrAppend(&all, "--- pdns_server (the end of its log)\n", log);
     return all;
   }
 
