@@ -10,7 +10,6 @@
 #include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -153,16 +152,11 @@ class PowerDnsFleet {
     return !pods_.empty();
   }
   // The pods that ended by themselves (a crash, a sanitizer's report):
-  // their ids. The processes stay unreaped.
+  // their ids.
   std::vector<std::string> Ended() const {
     std::vector<std::string> ended;
     for (const auto& [id, pod] : pods_) {
-      siginfo_t info{};
-      if (waitid(P_PID, static_cast<id_t>(pod.process->pid()), &info,
-                 WEXITED | WNOHANG | WNOWAIT) == 0 &&
-          info.si_pid == pod.process->pid()) {
-        ended.push_back(id);
-      }
+      if (pod.process->Ended()) ended.push_back(id);
     }
     return ended;
   }

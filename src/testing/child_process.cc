@@ -95,6 +95,14 @@ bool ChildProcess::ReadUntil(const std::function<bool()>& done,
   return true;
 }
 
+bool ChildProcess::Ended() const {
+  if (pid_ <= 0) return true;
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid_), &info,
+                WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == pid_;
+}
+
 int ChildProcess::AwaitExit(absl::Duration timeout) {
   ReadUntil([] { return false; }, timeout);
   if (out_fd_ >= 0 || err_fd_ >= 0 || pid_ <= 0) return -1;  // Timed out.

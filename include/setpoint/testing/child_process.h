@@ -49,6 +49,9 @@ class ChildProcess {
   // (unless done() holds then) or after `timeout`.
   bool ReadUntil(const std::function<bool()>& done,
                  absl::Duration timeout = absl::Seconds(20));
+  // True once the process has ended (by itself or by a signal), without
+  // reaping it: AwaitExit still returns its exit code.
+  bool Ended() const;
   // Reads to the end of both pipes and reaps the process: its exit code, or
   // -1 if it did not end within `timeout` or died of a signal.
   int AwaitExit(absl::Duration timeout = absl::Seconds(20));
