@@ -74,7 +74,10 @@ Controller::Controller(NodeInfo info, ControllerBuildFn build,
       options_(Defaults(info_, std::move(options))),
       assignment_(MakeAssignment(Assignment{})) {}
 
-Controller::~Controller() { Stop(); }
+Controller::~Controller() {
+  Stop();
+  Halt();
+}
 
 std::shared_ptr<const Assignment> Controller::MakeAssignment(
     const Assignment& a) const {
@@ -227,6 +230,27 @@ absl::Status Controller::Run(const Context& ctx) {
   StopRun(*run_);
   run_.reset();
   return absl::OkStatus();
+}
+
+absl::Status Controller::Launch(const Context& ctx) {
+  (void)ctx;
+  if (options_.manual) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "controller ", info_.id, ": manual mode, use Start/RunUntilIdle"));
+  }
+  MutexLock l(&update_mu_);
+  if (run_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("controller ", info_.id, ": already launched"));
+  }
+  return BuildAndStart();
+}
+
+void Controller::Halt() {
+  MutexLock l(&update_mu_);
+  if (run_ == nullptr || options_.manual) return;
+  StopRun(*run_);
+  run_.reset();
 }
 
 absl::Status Controller::UpdateShardRange(const Context& ctx,

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "node/lease_protocol.h"
 #include "node/node_slot.h"
+#include "setpoint/base/callback.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
@@ -86,9 +87,22 @@ absl::Status NodeManager::Start() {
       [this](const ChangeNotice& notice) { Wake(notice); });
   for (auto& slot : slots_) {
     Slot* s = slot.get();
-    s->run = std::jthread([this, s](std::stop_token stop) {
+    absl::Status failed;
+    {
+      absl::StatusOr<bool> threadless =
+          CallUserCode("threadless", [s] { return s->node->Threadless(); });
+      MutexLock l(&mu_);
+      s->threadless = threadless.ok() && *threadless;
+    }
+    if (s->threadless) {
+      // Launched here, one after another: a node that needs no thread gets
+      // none, and a thread only to restart it after a failure.
+      failed = LaunchNode(*s);
+      if (failed.ok()) continue;
+    }
+    s->run = std::jthread([this, s, failed](std::stop_token stop) {
       pthread_setname_np(pthread_self(), "sp-node");
-      RunLoop(*s, stop);
+      RunLoop(*s, stop, failed);
     });
   }
   relay_timer_ = std::jthread([this](std::stop_token stop) {
@@ -140,6 +154,8 @@ void NodeManager::Stop() {
   for (auto& slot : slots_) {
     if (slot->run.joinable()) slot->run.join();
   }
+  // No restart loop runs any more: halt the launched threadless nodes.
+  for (auto& slot : slots_) HaltNode(*slot);
   for (auto& r : relays) {
     if (r.joinable()) r.join();
   }

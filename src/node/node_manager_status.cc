@@ -136,8 +136,9 @@ void NodeManager::CollectMetrics(MetricWriter& w) const {
     w.Gauge("setpoint_node_fencing_token",
             "The fencing token of the node's active range (0: none).", node,
             static_cast<double>(slot->active.token));
-    w.Gauge("setpoint_node_running", "1 while the node's Run executes.", node,
-            slot->running ? 1 : 0);
+    w.Gauge("setpoint_node_running",
+            "1 while the node runs (its Run executes, or it is launched).",
+            node, slot->running ? 1 : 0);
   }
 }
 

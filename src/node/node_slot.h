@@ -17,6 +17,8 @@ namespace setpoint {
 struct NodeManager::Slot {
   NodeInfo info;
   std::unique_ptr<Node> node;
+  // node->Threadless(): launched and halted, no run thread while it works.
+  bool threadless = false;
   // Last assignment UpdateShardRange returned from.
   Assignment active;
   // Assignments waiting for the relay; the front one may be running.
@@ -45,6 +47,8 @@ struct NodeManager::Slot {
   bool unconfirmed = false;
   bool running = false;
   int restarts = 0;
+  // Runs Run (or, for a threadless node, the restarts after a failed
+  // Launch); not started for a threadless node that launched.
   std::jthread run;
 };
 

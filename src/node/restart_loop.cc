@@ -1,5 +1,6 @@
-// The restart loop: runs a node, and after a failed Run waits until it
-// holds nothing and left the ring, then backs off and starts it again.
+// The restart loop: runs a node, and after a failed Run (or Launch) waits
+// until it holds nothing and left the ring, then backs off and starts it
+// again. A threadless node's loop ends once a Launch succeeded.
 
 #include "absl/strings/str_cat.h"
 #include "node/node_slot.h"
@@ -11,24 +12,66 @@
 
 namespace setpoint {
 
-void NodeManager::RunLoop(Slot& slot, std::stop_token stop) {
+absl::Status NodeManager::LaunchNode(Slot& slot) {
+  const Context ctx(nodes_stop_.get_token(), clock_);
+  {
+    MutexLock l(&mu_);
+    slot.running = true;
+  }
+  absl::Status status =
+      CallUserCode("launch", [&] { return slot.node->Launch(ctx); });
+  if (!status.ok()) {
+    MutexLock l(&mu_);
+    slot.running = false;
+  }
+  return status;
+}
+
+void NodeManager::HaltNode(Slot& slot) {
+  {
+    MutexLock l(&mu_);
+    if (!slot.threadless || !slot.running) return;
+  }
+  absl::Status s = CallUserCode("halt", [&] {
+    slot.node->Halt();
+    return absl::OkStatus();
+  });
+  if (!s.ok()) {
+    SPDLOG_LOGGER_ERROR(logger_, "node halt failed node={}: {}", slot.info.id,
+                        s);
+  }
+  MutexLock l(&mu_);
+  slot.running = false;
+}
+
+void NodeManager::RunLoop(Slot& slot, std::stop_token stop,
+                          absl::Status failed) {
   const Context ctx(nodes_stop_.get_token(), clock_);
   Backoff backoff(options_.restart_backoff);
   while (true) {
-    {
-      MutexLock l(&mu_);
-      slot.running = true;
-    }
-    absl::Status status =
-        CallUserCode("run", [&] { return slot.node->Run(ctx); });
-    {
-      MutexLock l(&mu_);
-      slot.running = false;
+    absl::Status status = std::move(failed);
+    failed = absl::OkStatus();
+    if (status.ok() && slot.threadless) {
+      if (ctx.Cancelled() || stop.stop_requested()) return;
+      status = LaunchNode(slot);
+      if (status.ok()) return;  // It works on without this thread.
+    } else if (status.ok()) {
+      {
+        MutexLock l(&mu_);
+        slot.running = true;
+      }
+      status = CallUserCode("run", [&] { return slot.node->Run(ctx); });
+      {
+        MutexLock l(&mu_);
+        slot.running = false;
+      }
+      if (ctx.Cancelled() || stop.stop_requested()) return;
+      if (status.ok()) {
+        status =
+            absl::InternalError("run returned before the node was stopped");
+      }
     }
     if (ctx.Cancelled() || stop.stop_requested()) return;
-    if (status.ok()) {
-      status = absl::InternalError("run returned before the node was stopped");
-    }
     MutexLock l(&mu_);
     slot.failed = true;
     ++slot.restarts;

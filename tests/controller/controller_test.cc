@@ -642,6 +642,46 @@ TEST(ControllerTest, ManagedNodeWhoseRunFailsOnceConverges) {
   EXPECT_EQ(api.counts().stale, 0);
 }
 
+TEST(ControllerTest, LaunchedControllerWorksWithoutACallerThreadUntilHalt) {
+  RecordingApi api;
+  Catalog catalog;
+  for (auto& [k, v] : Keys(20, 3)) catalog.Set(k, v);
+  ApiClient client(&api);
+  Controller node(Node("p/k/0"),
+                  SyncBuild(&api, &catalog, &client, absl::Milliseconds(5)),
+                  {.logger = NullLogger()});
+  EXPECT_TRUE(node.Threadless());
+  api.SetTruth("p/k/0", {0, kRing});
+  ASSERT_THAT(node.Launch(Context()), IsOk());
+  EXPECT_THAT(node.Launch(Context()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already launched")));
+  ASSERT_THAT(node.UpdateShardRange(Context(), {{0, kRing}, 1}), IsOk());
+  EXPECT_TRUE(AwaitCondition([&] { return api.world() == catalog.Get(); }));
+  ASSERT_THAT(node.UpdateShardRange(Context(), {{}, 1}), IsOk());
+  api.SetTruth("p/k/0", {});
+  node.Halt();
+  EXPECT_EQ(node.runner(), nullptr);
+  EXPECT_EQ(node.stats().runs, 1);
+  // Launched again after a halt: fresh pieces.
+  ASSERT_THAT(node.Launch(Context()), IsOk());
+  EXPECT_NE(node.runner(), nullptr);
+  node.Halt();
+  EXPECT_EQ(node.stats().runs, 2);
+  EXPECT_EQ(api.counts().unowned, 0);
+  EXPECT_EQ(api.counts().outside_truth, 0);
+}
+
+TEST(ControllerTest, ManualControllerIsNotThreadlessAndRefusesLaunch) {
+  Controller node(Node("p/k/0"),
+                  [](ControllerBuilder&) { return absl::OkStatus(); },
+                  {.manual = true, .logger = NullLogger()});
+  EXPECT_FALSE(node.Threadless());
+  EXPECT_THAT(node.Launch(Context()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("manual mode")));
+}
+
 // --- What operators see ------------------------------------------------
 
 TEST(ControllerTest, PublishesMetricsAndReportsStatusReadinessAndStaleness) {

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -190,6 +192,66 @@ class RefusingNode : public TestNode {
   std::atomic<int>* refusals_;
   Assignment held_;  // Relay thread only.
 };
+
+// A node that needs no thread while it works: launched, then halted.
+// Launch fails the first `fail_launches` times. Counts what it was asked,
+// and whether it still held shards when it was halted.
+class ThreadlessNode : public TestNode {
+ public:
+  struct Log {
+    std::atomic<int> launches{0};
+    std::atomic<int> halts{0};
+    std::atomic<int> runs{0};
+    std::atomic<int> halted_holding{0};
+  };
+  ThreadlessNode(std::string id, OwnershipTracker* tracker, int fail_launches,
+                 Log* log)
+      : TestNode(std::move(id), tracker, 0),
+        fail_launches_(fail_launches),
+        log_(log) {}
+
+  bool Threadless() const override { return true; }
+  absl::Status Launch(const Context&) override {
+    ++log_->launches;
+    if (fail_launches_ > 0) {
+      --fail_launches_;
+      return absl::InternalError("injected launch failure");
+    }
+    return absl::OkStatus();
+  }
+  void Halt() override {
+    ++log_->halts;
+    if (!held_.load()) return;
+    ++log_->halted_holding;
+  }
+  absl::Status Run(const Context&) override {
+    ++log_->runs;
+    return absl::InternalError("a threadless node is never run");
+  }
+  absl::Status UpdateShardRange(const Context& ctx,
+                                const Assignment& a) override {
+    held_.store(!a.range.Empty());
+    return TestNode::UpdateShardRange(ctx, a);
+  }
+
+ private:
+  int fail_launches_;  // Manager's threads, one at a time.
+  Log* log_;
+  std::atomic<bool> held_{false};
+};
+
+// Threads of this process whose name is `name`.
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (std::getline(comm, got) && got == name) ++n;
+  }
+  return n;
+}
 
 class NodeManagerTest : public ::testing::Test {
  protected:
@@ -412,6 +474,48 @@ TEST_F(NodeManagerTest, FailedNodeLeavesTheRingAndRestarts) {
            Balanced({&a}, 2);
   }));
   EXPECT_EQ(a.stats().restarts, 2);
+}
+
+TEST_F(NodeManagerTest, ThreadlessNodesGetNoThreadAndAreHaltedAfterHandoff) {
+  ThreadlessNode::Log log;
+  NodeManagerOptions o = Options("a", &registry_, 3);
+  o.kinds[0].factory = [this, &log](const NodeInfo& info) {
+    return std::make_unique<ThreadlessNode>(info.id, &tracker_, 0, &log);
+  };
+  NodeManager& a = StartPodWith(std::move(o));
+  // Launched before Start returned, on the caller's thread.
+  EXPECT_EQ(log.launches.load(), 3);
+  EXPECT_EQ(ThreadsNamed("sp-node"), 0);
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 3); }));
+  for (const NodeState& n : a.Nodes()) EXPECT_TRUE(n.running) << n.id;
+  EXPECT_EQ(ThreadsNamed("sp-node"), 0);
+  StopPod(a);
+  // Halted once each, after the shards were handed back; never run.
+  EXPECT_EQ(log.halts.load(), 3);
+  EXPECT_EQ(log.halted_holding.load(), 0);
+  EXPECT_EQ(log.runs.load(), 0);
+  for (const NodeState& n : a.Nodes()) EXPECT_FALSE(n.running) << n.id;
+}
+
+TEST_F(NodeManagerTest, AThreadlessNodeWhoseLaunchFailsIsLaunchedAgain) {
+  ThreadlessNode::Log log;
+  NodeManagerOptions o = Options("a", &registry_, 2);
+  o.kinds[0].factory = [this, &log](const NodeInfo& info) {
+    return std::make_unique<ThreadlessNode>(info.id, &tracker_,
+                                            info.index == 0 ? 2 : 0, &log);
+  };
+  NodeManager& a = StartPodWith(std::move(o));
+  // Node 0 failed its launch on Start; its restart thread backs off 1 s,
+  // fails again, backs off 2 s and launches.
+  ASSERT_TRUE(AwaitCondition([&] { return a.stats().restarts == 1; }));
+  ASSERT_TRUE(AdvanceUntil(
+      [&] { return a.Nodes()[0].restarts == 2 && Balanced({&a}, 2); }));
+  EXPECT_EQ(log.launches.load(), 4);
+  // The restart thread ended once the launch succeeded.
+  EXPECT_TRUE(AwaitCondition([] { return ThreadsNamed("sp-node") == 0; }));
+  StopPod(a);
+  EXPECT_EQ(log.halts.load(), 2);
+  EXPECT_EQ(log.runs.load(), 0);
 }
 
 TEST_F(NodeManagerTest, RegistryThatForgotFencesEveryoneThenRecovers) {

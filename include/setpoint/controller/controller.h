@@ -30,8 +30,8 @@
 // view of a source, and a wait for fresh state).
 //
 // What the controller guarantees (docs/controller.md):
-// - Fresh pieces for every Run: the build function runs again, so a node
-//   whose Run failed comes back whole.
+// - Fresh pieces for every Run (or Launch): the build function runs again,
+//   so a node whose Run failed comes back whole.
 // - Pieces start in the order they were declared (a syncer after the stores
 //   it reads) and stop in reverse, the runner last.
 // - Nothing acts before the first assignment or with an empty range: the
@@ -54,11 +54,12 @@
 //
 // The pieces' internals are in controller/internal/controller_pieces.h.
 //
-// Thread safety: the build function runs on the node's Run thread; store
-// listeners, OnAssignment hooks and syncer state on the node's runner; list
-// and watch functions on the pod's source threads (PodSources); clients on
-// updater threads; plans on their loops' threads. Run and UpdateShardRange
-// follow Node's rules.
+// Thread safety: the build function runs on the thread that calls Run or
+// Launch (in a pod, the manager's: a controller needs no thread of its own);
+// store listeners, OnAssignment hooks and syncer state on the node's runner;
+// list and watch functions on the pod's source threads (PodSources); clients on
+// updater threads; plans on their loops' threads. Run, Launch, Halt and
+// UpdateShardRange follow Node's rules.
 #ifndef SETPOINT_CONTROLLER_CONTROLLER_H_
 #define SETPOINT_CONTROLLER_CONTROLLER_H_
 
@@ -363,6 +364,14 @@ class Controller : public Node {
   // them in reverse. A build or start error is returned (the manager
   // restarts the node after a backoff).
   absl::Status Run(const Context& ctx) override;
+  // Node: a controller needs no thread of its own while it works (its
+  // runner, sources, loops and calls run on their own threads, or on the
+  // pod's pools): true unless in manual mode. Launch builds and starts
+  // fresh pieces (the first half of Run) and returns; Halt stops them in
+  // reverse (the second half).
+  bool Threadless() const override { return !options_.manual; }
+  absl::Status Launch(const Context& ctx) override;
+  void Halt() override;
   // Node: see the file comment.
   absl::Status UpdateShardRange(const Context& ctx,
                                 const Assignment& assignment) override;

@@ -1,5 +1,6 @@
 // Node: the user's unit of work in a pod. A NodeManager creates nodes, runs
-// each on its own thread and tells each which shards it owns.
+// each (on a thread of its own, or, for a node that says it needs none,
+// through Launch and Halt) and tells each which shards it owns.
 //
 //   class VmNode : public setpoint::Node {
 //    public:
@@ -17,10 +18,11 @@
 // (controller/controller.h) builds one from declared pieces.
 //   };
 //
-// Thread safety: Run runs on the node's own thread; UpdateShardRange is
-// called on another thread (the node's relay), possibly while Run runs, but
-// never twice at once. Each node sees its assignments in order, starting
-// from the empty range.
+// Thread safety: Run runs on the node's own thread; Launch and Halt on the
+// manager's threads, never at once; UpdateShardRange is called on another
+// thread (the node's relay), possibly while Run runs or the node is
+// launched, but never twice at once. Each node sees its assignments in order,
+// starting from the empty range.
 #ifndef SETPOINT_NODE_NODE_H_
 #define SETPOINT_NODE_NODE_H_
 
@@ -72,6 +74,25 @@ class Node {
   // return (or a throw) is a failure: the manager takes the node's range
   // away, waits (backoff), and calls Run again on the same object.
   virtual absl::Status Run(const Context& ctx) = 0;
+
+  // Optional, for a node whose work runs on threads it shares (runners and
+  // loops on the pod's pools): true, and the manager calls Launch instead of
+  // giving Run a thread to wait on, so the pod's threads do not grow with its
+  // node count. Called once, after the factory. Default: false.
+  virtual bool Threadless() const { return false; }
+  // Threadless nodes: starts the node's work and returns at once; it goes on
+  // until Halt. An error return (or a throw) is a failure, handled as a
+  // failed Run: the range is taken away, and after a backoff Launch is
+  // called again. Once launched, a node reports trouble through Report
+  // (stuck, not ready), not by failing. Default: kUnimplemented.
+  virtual absl::Status Launch(const Context& ctx) {
+    (void)ctx;
+    return absl::UnimplementedError("this node runs on a thread of its own");
+  }
+  // Threadless nodes: stops what Launch started and returns once it has
+  // stopped; called once per successful Launch, when the pod stops.
+  // Default: nothing.
+  virtual void Halt() {}
 
   // The node's shards are now `assignment.range`, with fencing token
   // `assignment.token` (pass it to the systems you write to; it only grows

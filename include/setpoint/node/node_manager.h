@@ -305,7 +305,15 @@ class NodeManager {
   // pause.
   absl::Time NextRelayDeadline(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunLoop(Slot& slot, std::stop_token stop);
+  // The restart loop (restart_loop.cc): runs the node, or for a threadless
+  // one launches it and ends; after a failure (`failed`, when the loop starts
+  // with one) waits until the node holds nothing, backs off and starts it
+  // again.
+  void RunLoop(Slot& slot, std::stop_token stop, absl::Status failed);
+  // Calls a threadless node's Launch; its failure, or OK.
+  absl::Status LaunchNode(Slot& slot);
+  // Calls a launched threadless node's Halt (nothing for another node).
+  void HaltNode(Slot& slot);
   void GracefulLeave();
   void Wake(const ChangeNotice& notice);
   // Metrics (no-op without options_.metrics): cells made at Start, counts
