@@ -45,6 +45,7 @@
 #include "setpoint/controller/controller.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/node/shard.h"
+#include "setpoint/planner/loop_pool.h"
 #include "setpoint/planner/plan.h"
 #include "setpoint/processor/runner.h"
 #include "setpoint/processor/source.h"
@@ -795,12 +796,21 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
         return;
       }
     }
+    // ...and its loop pool (the pod config's loop_threads, default 16).
+    setpoint::LoopPool loops({.name = "pod/loops",
+                              .max_threads = 16,
+                              .logger = setpoint::testing::NullLogger()});
+    if (!loops.Start().ok()) {
+      state.SkipWithError("loop pool did not start");
+      return;
+    }
     setpoint::NodeManager pod({.pod_id = "pod",
                                .kinds = {kind.ToNodeKind()},
                                .registry = &registry,
                                .poll_interval = absl::Milliseconds(50),
                                .lease = absl::Seconds(1),
                                .updaters = pool.get(),
+                               .loops = &loops,
                                .logger = setpoint::testing::NullLogger()});
     if (!pod.Start().ok()) {
       state.SkipWithError("pod did not start");
@@ -834,6 +844,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
     added = last;
     pod.Stop();
     if (pool != nullptr) pool->Stop();
+    loops.Stop();
     state.ResumeTiming();
     if (!owned) {
       state.SkipWithError("the pod did not own its ring and get ready");

@@ -109,6 +109,10 @@ void PlanPiece::Publish(std::string* json, std::vector<std::string>*) {
 ReconcileLoopOptions PlanPiece::Adjust(ControllerRun* run,
                                        ReconcileLoopOptions o) {
   o.clock = run->options.clock;
+  if (o.pool == nullptr && !run->options.manual &&
+      run->options.loops != nullptr && run->options.loops->clock() == o.clock) {
+    o.pool = run->options.loops;
+  }
   if (o.metrics == nullptr) o.metrics = run->options.metrics;
   o.metric_labels = WithLabels(run->labels, std::move(o.metric_labels));
   if (o.logger == nullptr) o.logger = run->options.logger;

@@ -60,7 +60,8 @@ absl::Status NodeManager::Start() {
                             i,
                             kind.ring_size,
                             options_.metrics,
-                            options_.updaters};
+                            options_.updaters,
+                            options_.loops};
       try {
         slot->node = kind.factory(slot->info);
       } catch (const std::exception& e) {

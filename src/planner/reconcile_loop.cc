@@ -66,6 +66,11 @@ absl::Status ValidateReconcileLoopOptions(const ReconcileLoopOptions& o) {
   if (o.clock == nullptr) {
     return absl::InvalidArgumentError("reconcile loop options: clock is null");
   }
+  if (o.pool != nullptr && o.pool->clock() != o.clock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconcile loop options: clock is not the clock of pool ",
+                     o.pool->name()));
+  }
   absl::Status s = ValidateBackoffOptions(o.failure_backoff);
   if (!s.ok()) {
     return absl::InvalidArgumentError(
@@ -172,6 +177,26 @@ absl::Status ReconcileLoop::Start() {
           "start reconcile loop: already running");
     }
   }
+  if (options_.pool != nullptr) {
+    {
+      MutexLock l(&mu_);
+      if (attached_) {
+        return absl::FailedPreconditionError(
+            "start reconcile loop: already running");
+      }
+      running_ = true;
+      next_ = absl::InfinitePast();  // The first execution starts at once.
+    }
+    absl::Status s = options_.pool->Attach(this);
+    if (!s.ok()) {
+      MutexLock l(&mu_);
+      running_ = false;
+      return Annotate(s,
+                      absl::StrCat("start reconcile loop plan=", plan_name_));
+    }
+    attached_ = true;
+    return absl::OkStatus();
+  }
   thread_ = std::jthread([this](std::stop_token stop) {
     pthread_setname_np(pthread_self(), "sp-reconcile");
     absl::Status s = Run(Context(stop, clock_));
@@ -184,6 +209,13 @@ absl::Status ReconcileLoop::Start() {
 }
 
 void ReconcileLoop::Stop() {
+  if (attached_) {
+    options_.pool->Detach(this);
+    attached_ = false;
+    MutexLock l(&mu_);
+    running_ = false;
+    return;
+  }
   if (!thread_.joinable()) return;
   thread_.request_stop();
   thread_.join();
@@ -191,10 +223,13 @@ void ReconcileLoop::Stop() {
 }
 
 void ReconcileLoop::Trigger() {
-  MutexLock l(&mu_);
-  ++stats_.triggers;
-  triggered_ = true;
-  cv_.SignalAll();
+  {
+    MutexLock l(&mu_);
+    ++stats_.triggers;
+    triggered_ = true;
+    cv_.SignalAll();
+  }
+  if (options_.pool != nullptr) options_.pool->Notify();
 }
 
 absl::Status ReconcileLoop::Pause(const Context& ctx) {
@@ -234,6 +269,7 @@ void ReconcileLoop::Resume() {
     triggered_ = true;  // Run one at once, without counting a Trigger().
     cv_.SignalAll();
   }
+  if (options_.pool != nullptr) options_.pool->Notify();
   SPDLOG_LOGGER_INFO(logger_, "reconcile loop resumed plan={}", plan_name_);
 }
 
@@ -415,6 +451,17 @@ bool ReconcileLoop::RunUntilIdle(const Context& ctx) {
   running_ = false;
   loop_thread_ = std::thread::id();
   return ran;
+}
+
+void ReconcileLoop::RunOnPool(const Context& ctx) {
+  {
+    MutexLock l(&mu_);
+    if (ctx.Done() || !ClaimIfDueLocked()) return;
+    loop_thread_ = std::this_thread::get_id();
+  }
+  RunClaimed(ctx);
+  MutexLock l(&mu_);
+  loop_thread_ = std::thread::id();
 }
 
 absl::Status ReconcileLoop::Run(const Context& ctx) {

@@ -33,6 +33,7 @@
 #include "setpoint/base/format.h"
 #include "setpoint/base/json.h"
 #include "setpoint/base/mutex.h"
+#include "setpoint/planner/loop_pool.h"
 #include "setpoint/pod/ops_server.h"
 #include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
@@ -742,8 +743,23 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
       return kPodExitFailed;
     }
   }
+  // The pod's loop pool, shared by every node's reconcile loops; declared
+  // before the manager for the same reason.
+  std::unique_ptr<LoopPool> loops;
+  if (args.config.loop_threads > 0) {
+    loops = std::make_unique<LoopPool>(
+        LoopPoolOptions{.name = absl::StrCat(pod, "/loops"),
+                        .max_threads = args.config.loop_threads,
+                        .logger = logger});
+    if (absl::Status s = loops->Start(); !s.ok()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: loops: {}", pod, s);
+      close(signal_fd);
+      return kPodExitFailed;
+    }
+  }
   NodeManagerOptions manager_options = args.config.manager;
   manager_options.updaters = updaters.get();
+  manager_options.loops = loops.get();
   manager_options.registry = registry->get();
   manager_options.logger = logger;
   manager_options.metrics = metrics;
@@ -848,6 +864,7 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
   manager.Stop();
   // Every node's Run has returned, and with it its syncers stopped.
   if (updaters != nullptr) updaters->Stop();
+  if (loops != nullptr) loops->Stop();
   series.Listen(nullptr);
   if (ops != nullptr) ops->Stop();  // Served /readyz "not ready" meanwhile.
   if (wake_fd >= 0) {

@@ -21,6 +21,7 @@
 
 namespace setpoint {
 
+class LoopPool;
 class UpdaterPool;
 
 struct ControllerOptions {
@@ -53,6 +54,12 @@ struct ControllerOptions {
   // Default: NodeInfo::updaters (the pod's pool), else each syncer owns its
   // threads.
   UpdaterPool* updaters = nullptr;
+  // The threads the plans' reconcile loops run on
+  // (ReconcileLoopOptions::pool, unless a Reconcile sets its own), when its
+  // clock is the controller's. Must outlive the controller.
+  // Default: NodeInfo::loops (the pod's pool), else each loop has its own
+  // thread.
+  LoopPool* loops = nullptr;
   // The shared sources and the source threads of this kind's nodes in this
   // pod (pod_sources.h).
   // Default: ControllerKind::ToNodeKind gives one per pod; a Controller

@@ -37,6 +37,7 @@
 
 namespace setpoint {
 
+class LoopPool;
 class UpdaterPool;
 
 // Who a node is; given to the factory that creates it.
@@ -52,6 +53,9 @@ struct NodeInfo {
   // by the syncers of every node, so the pod's threads do not grow with its
   // node count. Null: each syncer owns its own.
   UpdaterPool* updaters = nullptr;
+  // The pod's loop pool (NodeManagerOptions::loops), shared by the
+  // reconcile loops of every node. Null: each loop has its own thread.
+  LoopPool* loops = nullptr;
 };
 
 // What a node tells operators, through the pod's /healthz, /readyz and

@@ -135,6 +135,12 @@ struct NodeManagerOptions {
   // Null: no shared pool (each syncer owns threads, as a syncer alone does).
   // Default: none.
   UpdaterPool* updaters = nullptr;
+  // The pod's loop pool, handed to every node (NodeInfo::loops) so that
+  // every node's reconcile loops share its threads. The pod owns it
+  // (PodMain makes one of the pod config's loop_threads): start it before
+  // Start() and stop it after Stop().
+  // Default: none (each loop has its own thread).
+  LoopPool* loops = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
   // clock).
   // Default: Clock::Monotonic().

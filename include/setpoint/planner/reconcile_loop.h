@@ -6,7 +6,7 @@
 //   setpoint::ReconcileLoop loop(
 //       plan, {.interval = absl::Seconds(10),
 //              .gate = [&] { return leader.load(); }});
-//   loop.Start();          // own thread "sp-reconcile"
+//   loop.Start();          // own thread "sp-reconcile" (or options.pool's)
 //   ...
 //   loop.Trigger();        // an event says the world changed: run now
 //   loop.Pause();          // cancels the running execution, waits for it
@@ -44,6 +44,7 @@
 #include "setpoint/base/metrics.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/planner/execution_report.h"
+#include "setpoint/planner/loop_pool.h"
 #include "setpoint/planner/plan.h"
 #include "setpoint/planner/scheduler.h"
 #include "spdlog/logger.h"
@@ -78,6 +79,11 @@ struct ReconcileLoopOptions {
   Clock* clock = Clock::Real();
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
+  // Runs the loop on the pod's shared threads instead of a thread of its
+  // own: Start() attaches it, Stop() detaches it (cancelling its running
+  // execution). Its clock must be the pool's. It must outlive the loop.
+  // Default: none (Start() runs the loop on its own thread).
+  LoopPool* pool = nullptr;
   // Seed for the jitter; 0 picks a random one.
   // Default: 0.
   uint64_t seed = 0;
@@ -127,13 +133,15 @@ class ReconcileLoop {
   ReconcileLoop(const ReconcileLoop&) = delete;
   ReconcileLoop& operator=(const ReconcileLoop&) = delete;
 
-  // Starts the loop on its own thread; the first execution starts at once.
+  // Starts the loop on its own thread (or attaches it to options.pool); the
+  // first execution starts at once.
   // Returns kInvalidArgument for bad options (see options_status()), or
   // kFailedPrecondition if already started or running via Run() or
   // RunUntilIdle().
   absl::Status Start();
   // Cancels the running execution (its context is cancelled), waits for the
-  // thread to end. Idempotent.
+  // thread to end (or for the pool's thread to return from it, and
+  // detaches). Idempotent.
   void Stop();
 
   // Runs the loop on the calling thread until `ctx` is done (cancelled or past
@@ -203,6 +211,11 @@ class ReconcileLoop {
   // `next`.
   void EndClaimLocked(absl::Time next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  friend class LoopPool;
+  // For the pool: runs the execution due now, if any, on the calling pool
+  // thread.
+  void RunOnPool(const Context& ctx) ABSL_LOCKS_EXCLUDED(mu_);
+
   Plan& plan_;
   std::string plan_name_;  // For logs; read once so a throwing Name() is safe.
   // Counts `report` in options_.metrics (no-op without).
@@ -239,6 +252,7 @@ class ReconcileLoop {
 
   // Owned by Start()/Stop(), which callers must not race with each other.
   std::jthread thread_;
+  bool attached_ = false;  // Start() attached the loop to options_.pool.
 };
 
 }  // namespace setpoint

@@ -94,6 +94,13 @@ struct PodConfig {
   // it for the client calls the pod should run at once. 0: no shared pool
   // (each syncer owns threads).
   int updater_threads = 16;
+  // The most threads of the pod's loop pool, which PodMain starts before
+  // the node manager and hands to every node (NodeManagerOptions::loops):
+  // every node's reconcile loops share it; it grows to this many while
+  // plan executions run, and shrinks when idle. Size it for the plan
+  // executions the pod should run at once. 0: no shared pool (each loop
+  // owns a thread).
+  int loop_threads = 16;
   // "memory" or "redis".
   std::string registry_type = "memory";
   RedisNodeRegistryOptions redis = {};
