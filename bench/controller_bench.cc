@@ -48,6 +48,7 @@
 #include "setpoint/planner/loop_pool.h"
 #include "setpoint/planner/plan.h"
 #include "setpoint/processor/runner.h"
+#include "setpoint/processor/runner_pool.h"
 #include "setpoint/processor/source.h"
 #include "setpoint/processor/store.h"
 #include "setpoint/processor/syncer.h"
@@ -804,6 +805,14 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
       state.SkipWithError("loop pool did not start");
       return;
     }
+    // ...and its runner pool (runner_threads, default 4).
+    setpoint::RunnerPool runners({.name = "pod/runners",
+                                  .threads = 4,
+                                  .logger = setpoint::testing::NullLogger()});
+    if (!runners.Start().ok()) {
+      state.SkipWithError("runner pool did not start");
+      return;
+    }
     setpoint::NodeManager pod({.pod_id = "pod",
                                .kinds = {kind.ToNodeKind()},
                                .registry = &registry,
@@ -811,6 +820,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
                                .lease = absl::Seconds(1),
                                .updaters = pool.get(),
                                .loops = &loops,
+                               .runners = &runners,
                                .logger = setpoint::testing::NullLogger()});
     if (!pod.Start().ok()) {
       state.SkipWithError("pod did not start");
@@ -845,6 +855,7 @@ void BM_ControllerThreadsPerPod(benchmark::State& state) {
     pod.Stop();
     if (pool != nullptr) pool->Stop();
     loops.Stop();
+    runners.Stop();
     state.ResumeTiming();
     if (!owned) {
       state.SkipWithError("the pod did not own its ring and get ready");

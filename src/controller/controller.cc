@@ -28,6 +28,7 @@ ControllerOptions Defaults(const NodeInfo& info, ControllerOptions o) {
   if (o.metrics == nullptr) o.metrics = info.metrics;
   if (o.updaters == nullptr) o.updaters = info.updaters;
   if (o.loops == nullptr) o.loops = info.loops;
+  if (o.runners == nullptr) o.runners = info.runners;
   if (o.logger == nullptr) o.logger = spdlog::default_logger();
   if (o.logger == nullptr)
     o.logger = std::make_shared<spdlog::logger>("setpoint");

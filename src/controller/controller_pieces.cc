@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "setpoint/base/callback.h"
 #include "setpoint/base/format.h"
+#include "setpoint/planner/loop_pool.h"
+#include "setpoint/processor/runner_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace setpoint::internal {
@@ -21,7 +23,11 @@ ControllerRun::ControllerRun(const NodeInfo& node,
               .clock = opts.clock,
               .metrics = opts.metrics,
               .metric_labels = labels,
-              .logger = opts.logger}),
+              .logger = opts.logger,
+              .pool = !opts.manual && opts.runners != nullptr &&
+                              opts.runners->clock() == opts.clock
+                          ? opts.runners
+                          : nullptr}),
       pod(opts.pod_sources),
       pod_id(PodOf(node.id)) {}
 

@@ -61,7 +61,8 @@ absl::Status NodeManager::Start() {
                             kind.ring_size,
                             options_.metrics,
                             options_.updaters,
-                            options_.loops};
+                            options_.loops,
+                            options_.runners};
       try {
         slot->node = kind.factory(slot->info);
       } catch (const std::exception& e) {

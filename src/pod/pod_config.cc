@@ -527,6 +527,17 @@ constexpr KeySpec kKeys[] = {
      [](const PodConfig& c, const NodeKindOptions*) {
        return absl::StrCat(c.updater_threads);
      }},
+    {"runner_threads", "<n>",
+     "threads of the pod's runner pool, on which every node's runner runs "
+     "its events, 0..1024; 0: each runner owns a thread",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(int64_t n, Integer(s.field, s.text, 0, 1024));
+       c.runner_threads = static_cast<int>(n);
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return absl::StrCat(c.runner_threads);
+     }},
     {"loop_threads", "<n>",
      "most threads of the pod's loop pool, which every node's reconcile "
      "loops share (the plan executions it runs at once), 0..1024; 0: each "

@@ -35,6 +35,7 @@
 #include "setpoint/base/mutex.h"
 #include "setpoint/planner/loop_pool.h"
 #include "setpoint/pod/ops_server.h"
+#include "setpoint/processor/runner_pool.h"
 #include "setpoint/processor/updater_pool.h"
 #include "setpoint/registry/in_memory_node_registry.h"
 #include "setpoint/registry/redis_node_registry.h"
@@ -757,7 +758,23 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
       return kPodExitFailed;
     }
   }
+  // The pod's runner pool, on which every node's runner runs; declared
+  // before the manager for the same reason.
+  std::unique_ptr<RunnerPool> runners;
+  if (args.config.runner_threads > 0) {
+    runners = std::make_unique<RunnerPool>(
+        RunnerPoolOptions{.name = absl::StrCat(pod, "/runners"),
+                          .threads = args.config.runner_threads,
+                          .logger = logger});
+    if (absl::Status s = runners->Start(); !s.ok()) {
+      SPDLOG_LOGGER_ERROR(logger, "pod not started pod={}: runners: {}", pod,
+                          s);
+      close(signal_fd);
+      return kPodExitFailed;
+    }
+  }
   NodeManagerOptions manager_options = args.config.manager;
+  manager_options.runners = runners.get();
   manager_options.updaters = updaters.get();
   manager_options.loops = loops.get();
   manager_options.registry = registry->get();
@@ -865,6 +882,7 @@ int PodMain(int argc, char** argv, PodMainOptions options) {
   // Every node's Run has returned, and with it its syncers stopped.
   if (updaters != nullptr) updaters->Stop();
   if (loops != nullptr) loops->Stop();
+  if (runners != nullptr) runners->Stop();
   series.Listen(nullptr);
   if (ops != nullptr) ops->Stop();  // Served /readyz "not ready" meanwhile.
   if (wake_fd >= 0) {

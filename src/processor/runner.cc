@@ -19,6 +19,7 @@
 #include "setpoint/base/format.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/base/status.h"
+#include "setpoint/processor/runner_pool.h"
 #include "spdlog/spdlog.h"
 
 // The queue and the timer table are in runner_state.h (with their design).
@@ -91,7 +92,8 @@ Runner::Runner(RunnerOptions options)
       slow_threshold_(options.slow_event_threshold),
       logger_(options.logger != nullptr ? std::move(options.logger)
                                         : spdlog::default_logger()),
-      shared_(std::make_shared<TimerHandle::Shared>()) {
+      shared_(std::make_shared<TimerHandle::Shared>()),
+      pool_(options.pool) {
   if (logger_ == nullptr)
     logger_ = std::make_shared<spdlog::logger>("setpoint");
   Segment* first = new Segment;
@@ -152,7 +154,7 @@ absl::Status Runner::Start() {
           absl::StrCat("start runner name=", name_, ": already stopped"));
     }
   }
-  if (thread_.joinable()) {
+  if (thread_.joinable() || started_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
         absl::StrCat("start runner name=", name_, ": already started"));
   }
@@ -160,6 +162,22 @@ absl::Status Runner::Start() {
     return absl::InvalidArgumentError(absl::StrCat(
         "start runner ", name_, ": slow_event_threshold must be >= 0, got ",
         absl::FormatDuration(slow_threshold_)));
+  }
+  if (pool_ != nullptr) {
+    if (pool_->clock() != clock_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("start runner ", name_,
+                       ": clock is not the clock of pool ", pool_->name()));
+    }
+    if (!pool_->running()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "start runner ", name_, ": pool ", pool_->name(), " is not running"));
+    }
+    started_.store(true, std::memory_order_release);
+    // A first turn runs what was posted before Start. Until it ends the
+    // runner is not idle, so no producer queues it a second time.
+    pool_->Schedule(this);
+    return absl::OkStatus();
   }
   started_.store(true, std::memory_order_release);
   thread_ = std::jthread([this] {
@@ -182,6 +200,10 @@ void Runner::Stop() {
   }
   if (thread_.joinable()) {
     thread_.join();  // The loop drains the queue, then drops the timers.
+    return;
+  }
+  if (pool_ != nullptr && started_.load(std::memory_order_acquire)) {
+    StopOnPool();
     return;
   }
   // Manual mode: nothing runs after Stop(); say what is dropped.
@@ -272,9 +294,13 @@ absl::Status Runner::Post(Event event, const char* origin) {
   slot.ready.store(t + 1, std::memory_order_release);
   if (ABSL_PREDICT_FALSE(s.sleeping.load(std::memory_order_seq_cst)) &&
       s.sleeping.exchange(false, std::memory_order_seq_cst)) {
-    MutexLock l(&s.mu);
-    s.wake = true;
-    s.cv.Signal();
+    if (pool_ != nullptr) {
+      pool_->Schedule(this);  // It was idle: this post gives it a turn.
+    } else {
+      MutexLock l(&s.mu);
+      s.wake = true;
+      s.cv.Signal();
+    }
   }
   return absl::OkStatus();
 }
@@ -308,8 +334,14 @@ absl::StatusOr<TimerHandle> Runner::PostAt(absl::Time when, Event event,
     std::push_heap(s.heap.begin(), s.heap.end(), Later());
     if (s.heap.size() == 1) s.has_timers.store(true, std::memory_order_relaxed);
     if (earliest && s.waiting) {
-      s.wake = true;
-      s.cv.Signal();
+      if (pool_ != nullptr) {
+        // Idle on its pool: the pool wakes it (runner's lock, then pool's).
+        s.wake_asked = when;
+        pool_->WakeAt(this, when);
+      } else {
+        s.wake = true;
+        s.cv.Signal();
+      }
     }
   }
   return TimerHandle(shared_, seq, slot);
@@ -556,6 +588,95 @@ void Runner::Loop() {
   current_.store(std::thread::id{});
 }
 
+bool Runner::ClaimIdle() {
+  TimerHandle::Shared& s = *shared_;
+  return s.sleeping.load(std::memory_order_seq_cst) &&
+         s.sleeping.exchange(false, std::memory_order_seq_cst);
+}
+
+bool Runner::RunTurn() {
+  // Kept alive to the end of the turn: once the last one signals `finished`,
+  // Stop() returns and the Runner may be destroyed while this unlocks.
+  const std::shared_ptr<TimerHandle::Shared> keep = shared_;
+  TimerHandle::Shared& s = *keep;
+  {
+    MutexLock l(&s.mu);
+    s.waiting = false;
+  }
+  s.progress_ns.store(CoarseNanos(), std::memory_order_release);
+  current_.store(std::this_thread::get_id());
+  int64_t ran = 0;
+  while (ran < kBatch) {
+    int64_t n = 0;
+    if (s.has_timers.load(std::memory_order_relaxed)) n += RunDueTimers();
+    n += RunEvents(kBatch - ran, 0);
+    if (n == 0) break;
+    ran += n;
+  }
+  current_.store(std::thread::id{});
+  if (ran >= kBatch) return true;  // Its turn is up: behind the others.
+  std::vector<Event> timers;
+  int64_t dropped = 0;
+  bool finished = false;
+  absl::Time ask = absl::InfiniteFuture();
+  {
+    MutexLock l(&s.mu);
+    const absl::Time now = clock_->Now();
+    const absl::Time next = s.NextTimer();
+    if (s.stopping && s.QueueEmpty() && next > now) {
+      // Stopped and drained: what is not due is dropped, as on a thread.
+      dropped = s.DropTimers(timers);
+      finished = true;
+    } else if (next <= now || !s.QueueEmpty()) {
+      return true;  // A timer came due, or events are queued (or claimed).
+    } else {
+      s.waiting = true;
+      s.sleeping.store(true, std::memory_order_seq_cst);
+      if (next != absl::InfiniteFuture() &&
+          (next < s.wake_asked || s.wake_asked <= now)) {
+        s.wake_asked = next;
+        ask = next;
+      }
+    }
+  }
+  if (finished) {
+    timers.clear();
+    if (dropped > 0) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "runner stopped with timers pending runner={} "
+                         "timers_dropped={}",
+                         name_, dropped);
+    }
+    // The last touch of the Runner: Stop() returns once it sees this.
+    MutexLock l(&s.mu);
+    s.finished = true;
+    s.cv.SignalAll();
+    return false;
+  }
+  if (ask != absl::InfiniteFuture()) pool_->WakeAt(this, ask);
+  // A post or Stop() that came between the last look and the flag found it
+  // clear and queued nothing: take the turn back. (Sequentially consistent
+  // with the producers' claim and Stop's close: see runner_state.h.)
+  if (s.tail.load(std::memory_order_seq_cst) != s.head &&
+      s.sleeping.exchange(false, std::memory_order_seq_cst)) {
+    return true;
+  }
+  return false;
+}
+
+void Runner::StopOnPool() {
+  TimerHandle::Shared& s = *shared_;
+  // Stop() closed the queue. An idle runner gets a last turn; a queued or
+  // running one ends its turns with it.
+  if (ClaimIdle()) pool_->Schedule(this);
+  {
+    MutexLock l(&s.mu);
+    s.cv.Wait(&s.mu, {},
+              [&s]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s.finished; });
+  }
+  pool_->Forget(this);
+}
+
 absl::Time Runner::NextWakeTime() const {
   TimerHandle::Shared& s = *shared_;
   MutexLock l(&s.mu);
@@ -567,6 +688,7 @@ absl::Time Runner::NextWakeTime() const {
 
 int64_t Runner::RunUntilIdle() {
   if (thread_.joinable()) return 0;
+  if (pool_ != nullptr && started_.load(std::memory_order_acquire)) return 0;
   const std::thread::id previous =
       current_.exchange(std::this_thread::get_id());
   int64_t total = 0;

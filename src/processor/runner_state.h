@@ -296,6 +296,11 @@ struct State {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool waiting ABSL_GUARDED_BY(mu) = false;  // The runner sleeps on cv.
   bool wake ABSL_GUARDED_BY(mu) = false;  // Work, a new earliest timer, stop.
+  // On a pool: the wake asked of the pool for the earliest timer (it is
+  // asked again only for an earlier one, or once that one passed), and
+  // whether the last turn of a stopping runner ended.
+  absl::Time wake_asked ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  bool finished ABSL_GUARDED_BY(mu) = false;
   std::vector<TimerEntry> heap ABSL_GUARDED_BY(mu);
   // Due timers taken from the heap in bulk, in firing order; those from
   // due_pos on are still to fire.

@@ -22,6 +22,7 @@
 namespace setpoint {
 
 class LoopPool;
+class RunnerPool;
 class UpdaterPool;
 
 struct ControllerOptions {
@@ -60,6 +61,11 @@ struct ControllerOptions {
   // Default: NodeInfo::loops (the pod's pool), else each loop has its own
   // thread.
   LoopPool* loops = nullptr;
+  // The threads the node's runner runs on (RunnerOptions::pool), when its
+  // clock is the controller's. Must outlive the controller.
+  // Default: NodeInfo::runners (the pod's pool), else the runner has its own
+  // thread.
+  RunnerPool* runners = nullptr;
   // The shared sources and the source threads of this kind's nodes in this
   // pod (pod_sources.h).
   // Default: ControllerKind::ToNodeKind gives one per pod; a Controller

@@ -38,6 +38,7 @@
 namespace setpoint {
 
 class LoopPool;
+class RunnerPool;
 class UpdaterPool;
 
 // Who a node is; given to the factory that creates it.
@@ -56,6 +57,9 @@ struct NodeInfo {
   // The pod's loop pool (NodeManagerOptions::loops), shared by the
   // reconcile loops of every node. Null: each loop has its own thread.
   LoopPool* loops = nullptr;
+  // The pod's runner pool (NodeManagerOptions::runners), on which every
+  // node's runner runs. Null: each runner has its own thread.
+  RunnerPool* runners = nullptr;
 };
 
 // What a node tells operators, through the pod's /healthz, /readyz and

@@ -141,6 +141,12 @@ struct NodeManagerOptions {
   // Start() and stop it after Stop().
   // Default: none (each loop has its own thread).
   LoopPool* loops = nullptr;
+  // The pod's runner pool, handed to every node (NodeInfo::runners) so that
+  // every node's runner runs on its threads. The pod owns it (PodMain makes
+  // one of the pod config's runner_threads): start it before Start() and
+  // stop it after Stop().
+  // Default: none (each runner has its own thread).
+  RunnerPool* runners = nullptr;
   // Measures leases and intervals. Must not step (tests use a simulated
   // clock).
   // Default: Clock::Monotonic().

@@ -101,6 +101,12 @@ struct PodConfig {
   // executions the pod should run at once. 0: no shared pool (each loop
   // owns a thread).
   int loop_threads = 16;
+  // Threads of the pod's runner pool, which PodMain starts before the node
+  // manager and hands to every node (NodeManagerOptions::runners): every
+  // node's runner runs its events there, one at a time each. Runner events
+  // do no IO: size it for cores. 0: no shared pool (each runner owns a
+  // thread).
+  int runner_threads = 4;
   // "memory" or "redis".
   std::string registry_type = "memory";
   RedisNodeRegistryOptions redis = {};

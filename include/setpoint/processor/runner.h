@@ -21,6 +21,11 @@
 // logged. In manual mode (no Start(), RunUntilIdle() in tests) Stop() runs
 // nothing: queued events are counted as events_dropped and logged.
 //
+// On a pool (RunnerOptions::pool, runner_pool.h) the runner has no thread of
+// its own: the pool's threads run its events, one at a time and in order as
+// on its own thread, while it has work. Everything above holds there too;
+// an event must not wait (PostAndWait) for another runner of the same pool.
+//
 // Thread safety: Post, PostAfter, PostAt, stats() and TimerHandle::Cancel are
 // thread-safe, and so is PostAndWait on a started runner. Start, Stop,
 // RunUntilIdle and PostAndWait in manual mode belong to one owner thread.
@@ -53,6 +58,8 @@
 
 namespace setpoint {
 
+class RunnerPool;
+
 struct RunnerOptions {
   // Names the runner in logs (for example the node id).
   // Default: "runner".
@@ -73,6 +80,11 @@ struct RunnerOptions {
   MetricLabels metric_labels = {};
   // Default: spdlog's default logger at construction.
   std::shared_ptr<spdlog::logger> logger = nullptr;
+  // Runs the events on these shared threads instead of a thread of the
+  // runner's own (Start refuses a pool that is not running, or whose clock
+  // is not `clock`). It must outlive the runner's Stop().
+  // Default: none (Start() starts the runner's own thread).
+  RunnerPool* pool = nullptr;
 };
 
 // Counters for operators and tests.
@@ -149,8 +161,9 @@ class Runner {
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
-  // Starts the runner's thread ("sp-runner"). kFailedPrecondition if already
-  // started or stopped; kInvalidArgument naming the field for bad options.
+  // Starts the runner's thread ("sp-runner"), or puts it on options.pool.
+  // kFailedPrecondition if already started or stopped, or the pool is not
+  // running; kInvalidArgument naming the field for bad options.
   absl::Status Start();
   // See the file comment. Idempotent; joins the thread.
   void Stop();
@@ -218,7 +231,19 @@ class Runner {
   absl::Duration BusyFor() const;
 
  private:
+  friend class RunnerPool;
   struct Tally;  // Counts of one batch, published to the stats at its end.
+
+  // On a pool: runs one turn on the calling pool thread (due timers and
+  // events, a bounded number); returns true when the runner has work left
+  // (the pool queues it again), false when it went idle or finished its
+  // Stop.
+  bool RunTurn();
+  // On a pool: takes an idle runner (clears its sleeping flag) so the
+  // caller queues its turn; false when it is not idle.
+  bool ClaimIdle();
+  // Stop() on a pool: has the pool run what is left, and waits for it.
+  void StopOnPool();
 
   void Loop();
   // Takes the timers due on the clock and runs them; returns how many ran.
@@ -248,6 +273,7 @@ class Runner {
   const absl::Duration slow_threshold_;
   std::shared_ptr<spdlog::logger> logger_;
   std::shared_ptr<TimerHandle::Shared> shared_;
+  RunnerPool* const pool_;
   std::jthread thread_;
   // The thread running events (the loop or RunUntilIdle); empty otherwise.
   std::atomic<std::thread::id> current_{};

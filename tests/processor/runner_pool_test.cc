@@ -1,0 +1,233 @@
+#include "setpoint/processor/runner_pool.h"
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "setpoint/base/mutex.h"
+#include "setpoint/processor/runner.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/simulated_clock.h"
+#include "setpoint/testing/status_matchers.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::NullLogger;
+using ::setpoint::testing::SimulatedClock;
+using ::setpoint::testing::StatusIs;
+using ::testing::HasSubstr;
+
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string got;
+    if (std::getline(comm, got) && got == name) ++n;
+  }
+  return n;
+}
+
+RunnerOptions OnPool(RunnerPool* pool, std::string name = "r") {
+  return {.name = std::move(name),
+          .clock = pool->clock(),
+          .logger = NullLogger(),
+          .pool = pool};
+}
+
+// What one runner's events saw: each producer's posts in order, and never
+// two events at once.
+struct Seen {
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int64_t> ran{0};
+  int64_t last[2] = {-1, -1};  // Runner only.
+  int64_t out_of_order = 0;    // Runner only.
+};
+
+TEST(RunnerPoolTest, HundredRunnersOnTwoThreadsRunEachOneAtATimeInOrder) {
+  RunnerPool pool({.name = "p/runners", .threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  constexpr int kRunners = 100;
+  constexpr int kPosts = 2000;
+  std::vector<std::unique_ptr<Runner>> runners;
+  std::vector<std::unique_ptr<Seen>> seen;
+  for (int i = 0; i < kRunners; ++i) {
+    runners.push_back(std::make_unique<Runner>(OnPool(&pool)));
+    seen.push_back(std::make_unique<Seen>());
+    ASSERT_THAT(runners.back()->Start(), IsOk());
+  }
+  auto produce = [&](int producer) {
+    for (int64_t n = 0; n < kPosts; ++n) {
+      for (int i = 0; i < kRunners; i += 1 + (n % 3)) {
+        Seen* s = seen[i].get();
+        ASSERT_THAT(runners[i]->Post(
+                        [s, producer, n] {
+                          if (s->inside.fetch_add(1) != 0) ++s->overlaps;
+                          if (s->last[producer] >= n) ++s->out_of_order;
+                          s->last[producer] = n;
+                          ++s->ran;
+                          s->inside.fetch_sub(1);
+                        },
+                        "count"),
+                    IsOk());
+      }
+    }
+  };
+  std::thread a(produce, 0), b(produce, 1);
+  a.join();
+  b.join();
+  int64_t expected = 0;
+  for (int64_t n = 0; n < kPosts; ++n) {
+    for (int i = 0; i < kRunners; i += 1 + (n % 3)) ++expected;
+  }
+  ASSERT_TRUE(AwaitCondition([&] {
+    int64_t total = 0;
+    for (auto& s : seen) total += s->ran.load();
+    return total == 2 * expected;
+  }));
+  EXPECT_EQ(ThreadsNamed("sp-runner"), 0);
+  EXPECT_EQ(ThreadsNamed("sp-runners"), 2);
+  for (int i = 0; i < kRunners; ++i) {
+    runners[i]->Stop();
+    EXPECT_EQ(seen[i]->overlaps.load(), 0) << i;
+    EXPECT_EQ(seen[i]->out_of_order, 0) << i;
+  }
+  EXPECT_GT(pool.stats().turns, 0);
+  pool.Stop();
+  EXPECT_EQ(ThreadsNamed("sp-runners"), 0);
+}
+
+TEST(RunnerPoolTest, TimersWakeIdleRunnersEarlierOnesToo) {
+  RunnerPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool));
+  ASSERT_THAT(r.Start(), IsOk());
+  std::atomic<int> fired{0};
+  ASSERT_THAT(r.PostAfter(absl::Hours(1), [&] { fired += 100; }).status(),
+              IsOk());
+  // Idle with a wake an hour away: an earlier timer must still fire.
+  ASSERT_THAT(r.PostAfter(absl::Milliseconds(10), [&] { ++fired; }).status(),
+              IsOk());
+  absl::StatusOr<TimerHandle> cancelled =
+      r.PostAfter(absl::Milliseconds(5), [&] { fired += 1000; });
+  ASSERT_THAT(cancelled.status(), IsOk());
+  EXPECT_TRUE(cancelled->Cancel());
+  EXPECT_TRUE(AwaitCondition([&] { return fired.load() == 1; }));
+  r.Stop();
+  EXPECT_EQ(fired.load(), 1);
+  EXPECT_EQ(r.stats().timers_dropped, 1);
+  EXPECT_EQ(r.stats().timers_cancelled, 1);
+  EXPECT_GE(pool.stats().timer_wakes, 1);
+}
+
+TEST(RunnerPoolTest, TimersFollowThePoolsClock) {
+  SimulatedClock clock;
+  RunnerPool pool({.threads = 1, .clock = &clock, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool));
+  ASSERT_THAT(r.Start(), IsOk());
+  std::atomic<int> fired{0};
+  ASSERT_THAT(r.PostAfter(absl::Seconds(5), [&] { ++fired; }).status(), IsOk());
+  clock.AdvanceTime(absl::Seconds(4));
+  EXPECT_FALSE(AwaitCondition([&] { return fired.load() == 1; },
+                              absl::Milliseconds(100)));
+  clock.AdvanceTime(absl::Seconds(1));
+  EXPECT_TRUE(AwaitCondition([&] { return fired.load() == 1; }));
+  r.Stop();
+}
+
+TEST(RunnerPoolTest, StopRunsWhatWasPostedAndRefusesMore) {
+  RunnerPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool));
+  int ran = 0;  // Runner only, read after Stop.
+  // Posted before Start: the first turn runs them.
+  for (int i = 0; i < 10; ++i) ASSERT_THAT(r.Post([&] { ++ran; }), IsOk());
+  ASSERT_THAT(r.Start(), IsOk());
+  for (int i = 0; i < 5000; ++i) ASSERT_THAT(r.Post([&] { ++ran; }), IsOk());
+  r.Stop();
+  EXPECT_EQ(ran, 5010);
+  EXPECT_EQ(r.stats().events_run, 5010);
+  EXPECT_THAT(r.Post([] {}), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(r.Start(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(RunnerPoolTest, PostAndWaitAndIsCurrentOnAPool) {
+  RunnerPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool));
+  ASSERT_THAT(r.Start(), IsOk());
+  EXPECT_FALSE(r.IsCurrent());
+  absl::StatusOr<bool> current =
+      r.PostAndWait(Context(), [&] { return r.IsCurrent() && r.OnRunner(); });
+  ASSERT_THAT(current.status(), IsOk());
+  EXPECT_TRUE(*current);
+  r.Stop();
+}
+
+TEST(RunnerPoolTest, AnEventThatBlocksHoldsOneThreadAndTheOthersGoOn) {
+  RunnerPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner stuck(OnPool(&pool, "stuck"));
+  Runner other(OnPool(&pool, "other"));
+  ASSERT_THAT(stuck.Start(), IsOk());
+  ASSERT_THAT(other.Start(), IsOk());
+  Mutex mu;
+  CondVar cv;
+  bool open = false;
+  std::atomic<bool> entered{false};
+  ASSERT_THAT(stuck.Post([&] {
+    entered = true;
+    MutexLock l(&mu);
+    cv.Wait(&mu, {}, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return open; });
+  }),
+              IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return entered.load(); }));
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 1000; ++i)
+    ASSERT_THAT(other.Post([&] { ++ran; }), IsOk());
+  EXPECT_TRUE(AwaitCondition([&] { return ran.load() == 1000; }));
+  // The stuck one says so (what the pod's /healthz reads).
+  EXPECT_TRUE(AwaitCondition(
+      [&] { return stuck.BusyFor() > absl::Milliseconds(20); }));
+  EXPECT_EQ(other.BusyFor(), absl::ZeroDuration());
+  {
+    MutexLock l(&mu);
+    open = true;
+    cv.SignalAll();
+  }
+  stuck.Stop();
+  other.Stop();
+}
+
+TEST(RunnerPoolTest, RefusesAnotherClockAPoolNotRunningAndBadOptions) {
+  RunnerPool pool({.logger = NullLogger()});
+  SimulatedClock other;
+  RunnerOptions o = OnPool(&pool);
+  Runner early(o);
+  EXPECT_THAT(early.Start(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("not running")));
+  ASSERT_THAT(pool.Start(), IsOk());
+  o.clock = &other;
+  Runner wrong(o);
+  EXPECT_THAT(wrong.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("clock of pool runners")));
+  RunnerPool bad({.threads = 0, .logger = NullLogger()});
+  EXPECT_THAT(bad.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("threads")));
+}
+
+}  // namespace
+}  // namespace setpoint
