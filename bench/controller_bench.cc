@@ -230,8 +230,16 @@ ShardRange LongestGap(std::vector<uint32_t> shards) {
 // from there to the return; forgotten, the desired store's keys forgotten
 // per handoff; cancelled, the held calls per handoff that were cancelled
 // and returned.
-void BM_ControllerHandoff(benchmark::State& state, HandoffTo to) {
+void BM_ControllerHandoff(benchmark::State& state, HandoffTo to, bool pooled) {
   constexpr int kInFlight = 8;
+  // pooled: the runner on a pod's runner pool of 4 (the default), as in a
+  // pod, instead of a thread of its own.
+  RunnerPool runners(
+      {.name = "bench/runners", .threads = 4, .logger = testing::NullLogger()});
+  if (pooled && !runners.Start().ok()) {
+    state.SkipWithError("runner pool did not start");
+    return;
+  }
   const std::vector<std::string>& keys = Keys();
   IntMap catalog;
   for (const std::string& key : keys) catalog.emplace(key, 1);
@@ -262,7 +270,8 @@ void BM_ControllerHandoff(benchmark::State& state, HandoffTo to) {
     return absl::OkStatus();
   };
   Controller controller({.id = "bench/handoff/0", .kind = "handoff"}, build,
-                        {.logger = testing::NullLogger()});
+                        {.runners = pooled ? &runners : nullptr,
+                         .logger = testing::NullLogger()});
   absl::Status run_status;
   std::jthread run([&](std::stop_token stop) {
     run_status = controller.Run(Context(stop));
@@ -704,10 +713,15 @@ void RegisterAll(bool quick) {
   for (auto [name, to] :
        {std::pair{"BM_ControllerHandoff/empty", HandoffTo::kEmpty},
         std::pair{"BM_ControllerHandoff/gap", HandoffTo::kGap},
-        std::pair{"BM_ControllerHandoff/half", HandoffTo::kHalf}}) {
-    benchmark::RegisterBenchmark(
-        name,
-        [to = to](benchmark::State& state) { BM_ControllerHandoff(state, to); })
+        std::pair{"BM_ControllerHandoff/half", HandoffTo::kHalf},
+        std::pair{"BM_ControllerHandoff/empty/pooled", HandoffTo::kEmpty},
+        std::pair{"BM_ControllerHandoff/gap/pooled", HandoffTo::kGap},
+        std::pair{"BM_ControllerHandoff/half/pooled", HandoffTo::kHalf}}) {
+    const bool pooled = std::string_view(name).ends_with("/pooled");
+    benchmark::RegisterBenchmark(name,
+                                 [to = to, pooled](benchmark::State& state) {
+                                   BM_ControllerHandoff(state, to, pooled);
+                                 })
         ->Iterations(quick ? 10 : 200)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);

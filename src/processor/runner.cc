@@ -606,12 +606,16 @@ bool Runner::RunTurn() {
   s.progress_ns.store(CoarseNanos(), std::memory_order_release);
   current_.store(std::this_thread::get_id());
   int64_t ran = 0;
+  uint64_t lag = 0;
   while (ran < kBatch) {
     int64_t n = 0;
     if (s.has_timers.load(std::memory_order_relaxed)) n += RunDueTimers();
-    n += RunEvents(kBatch - ran, 0);
-    if (n == 0) break;
+    n += RunEvents(kBatch - ran, lag);
     ran += n;
+    // Out of work: spin a little first, as a runner's own thread does (how
+    // long adapts to what recent spins found), since handing the runner
+    // back to the pool and being woken again costs a futex each way.
+    if (n == 0 && !SpinForWork(&lag)) break;
   }
   current_.store(std::thread::id{});
   if (ran >= kBatch) return true;  // Its turn is up: behind the others.
