@@ -79,8 +79,7 @@
 // popped one by one. Due timers are taken and run in batches, so Cancel()
 // and PostAt() never wait long for the mutex.
 
-namespace setpoint {
-namespace runner_state {
+namespace setpoint::runner_state {
 
 using Event = Runner::Event;
 
@@ -650,7 +649,6 @@ struct State {
   }
 };
 
-}  // namespace runner_state
-}  // namespace setpoint
+}  // namespace setpoint::runner_state
 
 #endif  // SETPOINT_SRC_PROCESSOR_RUNNER_STATE_H_
