@@ -200,8 +200,8 @@ TEST(RunnerPoolTest, AnEventThatBlocksHoldsOneThreadAndTheOthersGoOn) {
     ASSERT_THAT(other.Post([&] { ++ran; }), IsOk());
   EXPECT_TRUE(AwaitCondition([&] { return ran.load() == 1000; }));
   // The stuck one says so (what the pod's /healthz reads).
-  EXPECT_TRUE(AwaitCondition(
-      [&] { return stuck.BusyFor() > absl::Milliseconds(20); }));
+  EXPECT_TRUE(
+      AwaitCondition([&] { return stuck.BusyFor() > absl::Milliseconds(20); }));
   EXPECT_EQ(other.BusyFor(), absl::ZeroDuration());
   {
     MutexLock l(&mu);
