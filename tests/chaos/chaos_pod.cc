@@ -1,6 +1,8 @@
 // chaos_pod: one "pod" of the chaos test. Runs a NodeManager with --nodes
 // nodes of kind "work" on a ring of --ring shards against Redis; each node
-// is a setpoint::Controller wired as a user would: a Poll of the desired
+// is a setpoint::Controller wired as a user would (threadless, its runner
+// and plan-free pieces on the pod's runner and loop pools, as PodMain gives
+// them): a Poll of the desired
 // values (kKeysPerShard keys on every shard of the ring, each changing
 // every kChangePeriodMs), a Poll of a pod-local in-memory "world", and a
 // Sync whose client writes the world after 0-20 ms (cut short by the
@@ -63,6 +65,8 @@
 #include "setpoint/controller/controller.h"
 #include "setpoint/node/node_manager.h"
 #include "setpoint/node/shard.h"
+#include "setpoint/planner/loop_pool.h"
+#include "setpoint/processor/runner_pool.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
@@ -227,6 +231,11 @@ class LoggedController : public setpoint::Node {
   absl::Status Run(const setpoint::Context& ctx) override {
     return inner_->Run(ctx);
   }
+  bool Threadless() const override { return inner_->Threadless(); }
+  absl::Status Launch(const setpoint::Context& ctx) override {
+    return inner_->Launch(ctx);
+  }
+  void Halt() override { inner_->Halt(); }
   absl::Status UpdateShardRange(const setpoint::Context& ctx,
                                 const setpoint::Assignment& a) override {
     std::string runs;
@@ -351,6 +360,20 @@ int main(int argc, char** argv) {
                   fd](const setpoint::NodeInfo& info) {
     return std::make_unique<LoggedController>(make(info), info.id, fd);
   };
+  // The pod's pools, as PodMain makes them (on the controllers' clock).
+  setpoint::RunnerPool runners({.name = absl::StrCat(pod, "/runners"),
+                                .threads = 4,
+                                .clock = setpoint::Clock::Monotonic(),
+                                .logger = logger});
+  setpoint::LoopPool loops({.name = absl::StrCat(pod, "/loops"),
+                            .clock = setpoint::Clock::Monotonic(),
+                            .logger = logger});
+  for (absl::Status s : {runners.Start(), loops.Start()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "chaos_pod: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
   setpoint::NodeManagerOptions options{
       .pod_id = pod,
       .kinds = {std::move(kind)},
@@ -365,6 +388,8 @@ int main(int argc, char** argv) {
             Log(fd, absl::StrCat("R ", MonotonicNanos(), " ",
                                  absl::ToUnixNanos(valid_until)));
           },
+      .loops = &loops,
+      .runners = &runners,
       .clock = setpoint::Clock::Monotonic(),
       .logger = logger,
   };
