@@ -1,8 +1,7 @@
 // chaos_pod: one "pod" of the chaos test. Runs a NodeManager with --nodes
 // nodes of kind "work" on a ring of --ring shards against Redis; each node
 // is a setpoint::Controller wired as a user would (threadless, its runner
-// and plan-free pieces on the pod's runner and loop pools, as PodMain gives
-// them): a Poll of the desired
+// on the pod's runner pool, as PodMain wires it): a Poll of the desired
 // values (kKeysPerShard keys on every shard of the ring, each changing
 // every kChangePeriodMs), a Poll of a pod-local in-memory "world", and a
 // Sync whose client writes the world after 0-20 ms (cut short by the
