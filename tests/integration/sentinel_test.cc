@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -85,20 +86,36 @@ class FakeSentinel {
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
  private:
+  // Every connection at once (the registry's discovery and its
+  // subscription to +switch-master may both be open): each request gets
+  // the reply naming `named`.
   void Serve(std::stop_token stop) {
+    std::vector<pollfd> fds{{fd_, POLLIN, 0}};
     while (!stop.stop_requested()) {
-      pollfd pfd{fd_, POLLIN, 0};
-      if (::poll(&pfd, 1, 50) <= 0) continue;
-      int c = accept(fd_, nullptr, nullptr);
-      if (c < 0) continue;
-      char buf[1024];
-      pollfd cfd{c, POLLIN, 0};
-      while (!stop.stop_requested() && ::poll(&cfd, 1, 1000) > 0 &&
-             read(c, buf, sizeof(buf)) > 0) {
-        if (send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL) < 0) break;
+      for (pollfd& p : fds) p.revents = 0;
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      std::vector<pollfd> next{fds[0]};
+      for (size_t i = 1; i < fds.size(); ++i) {
+        const int c = fds[i].fd;
+        if (fds[i].revents == 0) {
+          next.push_back(fds[i]);
+          continue;
+        }
+        char buf[1024];
+        if (read(c, buf, sizeof(buf)) > 0 &&
+            send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL) >= 0) {
+          next.push_back(fds[i]);
+        } else {
+          close(c);
+        }
       }
-      close(c);
+      if ((fds[0].revents & POLLIN) != 0) {
+        const int c = accept(fd_, nullptr, nullptr);
+        if (c >= 0) next.push_back({c, POLLIN, 0});
+      }
+      fds = std::move(next);
     }
+    for (size_t i = 1; i < fds.size(); ++i) close(fds[i].fd);
   }
   int fd_ = -1;
   int port_ = 0;
