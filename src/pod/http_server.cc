@@ -60,6 +60,8 @@ Tp After(Tp now, absl::Duration d) {
 }
 
 constexpr uint64_t kListenId = 0;
+// Connections taken per wake-up of the listening socket (Accept).
+constexpr int kAcceptBatch = 16;
 constexpr uint64_t kWakeId = 1;
 // How long a closing connection's unread input is drained.
 constexpr auto kDrainFor = std::chrono::milliseconds(500);
@@ -214,8 +216,14 @@ struct HttpServer::Impl {
     return static_cast<int>(std::clamp<int64_t>(ms, 0, 1000));
   }
 
+  // Takes up to kAcceptBatch waiting connections, then lets the loop read
+  // what the ones taken sent (the listening socket stays ready): at the
+  // connection limit every accept closes the oldest idle connection, and a
+  // probe whose request had not arrived when it was taken must get its turn
+  // to be read before a burst of reconnecting idle clients makes it the
+  // oldest.
   void Accept() {
-    for (;;) {
+    for (int taken = 0; taken < kAcceptBatch; ++taken) {
       int fd =
           accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
