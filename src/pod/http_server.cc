@@ -155,10 +155,14 @@ struct HttpServer::Impl {
                             strerror(errno));
         break;
       }
+      // New connections are taken after what the others sent is read: at
+      // the connection limit an accept may close an idle one, and one whose
+      // request is in must be read first.
+      bool accept = false;
       for (int i = 0; i < n; ++i) {
         const uint64_t id = events[i].data.u64;
         if (id == kListenId) {
-          Accept();
+          accept = true;
         } else if (id == kWakeId) {
           uint64_t v;
           (void)!read(wake_fd, &v, sizeof(v));
@@ -167,6 +171,7 @@ struct HttpServer::Impl {
           OnEvents(*it->second, events[i].events);
         }
       }
+      if (accept) Accept();
       ExpireDeadlines();
       ReportShedding();
     }
