@@ -2,8 +2,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,9 +19,12 @@
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
+#include "setpoint/testing/threads.h"
 
 namespace setpoint {
 namespace {
+
+using ::setpoint::testing::ThreadsNamed;
 
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::FaultyNodeRegistry;
@@ -239,19 +240,6 @@ class ThreadlessNode : public TestNode {
   Log* log_;
   std::atomic<bool> held_{false};
 };
-
-// Threads of this process whose name is `name`.
-int ThreadsNamed(const std::string& name) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& task :
-       std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string got;
-    if (std::getline(comm, got) && got == name) ++n;
-  }
-  return n;
-}
 
 class NodeManagerTest : public ::testing::Test {
  protected:

@@ -1,8 +1,6 @@
 #include "setpoint/planner/loop_pool.h"
 
 #include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,9 +14,12 @@
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
+#include "setpoint/testing/threads.h"
 
 namespace setpoint {
 namespace {
+
+using ::setpoint::testing::ThreadsNamed;
 
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::IsOk;
@@ -26,18 +27,6 @@ using ::setpoint::testing::NullLogger;
 using ::setpoint::testing::SimulatedClock;
 using ::setpoint::testing::StatusIs;
 using ::testing::HasSubstr;
-
-int ThreadsNamed(const std::string& name) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& task :
-       std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm");
-    std::string got;
-    if (std::getline(comm, got) && got == name) ++n;
-  }
-  return n;
-}
 
 // A plan that counts its executions and, while `hold` is set, blocks each
 // one until it is released or its context is cancelled.

@@ -29,11 +29,14 @@
 #include "setpoint/testing/null_logger.h"
 #include "setpoint/testing/simulated_clock.h"
 #include "setpoint/testing/status_matchers.h"
+#include "setpoint/testing/threads.h"
 #include "spdlog/logger.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 
 namespace setpoint {
 namespace {
+
+using ::setpoint::testing::ThreadsNamed;
 
 using ::setpoint::testing::AwaitCondition;
 using ::setpoint::testing::FakeClient;
@@ -1299,18 +1302,6 @@ TEST_F(SyncerTest, DesireFromTakesWhatTheStoreAlreadyHolds) {
 
 // --- Manual updates
 // -----------------------------------------------------------
-
-// Threads of this process named `name` now.
-int ThreadsNamed(std::string_view name) {
-  int n = 0;
-  for (const auto& task :
-       std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string line;
-    if (std::getline(comm, line) && line == name) ++n;
-  }
-  return n;
-}
 
 TEST_F(SyncerTest, ManualUpdatesRunCallsOnTheCallingThreadOnly) {
   // The runner is never started: RunUntilIdle runs it on this thread.
