@@ -189,6 +189,10 @@ TEST(LoopPoolTest, WaitsOnThePoolsClock) {
   ReconcileLoop loop(plan.plan(), OnPool(&pool, absl::Seconds(10)));
   ASSERT_THAT(loop.Start(), IsOk());
   ASSERT_TRUE(AwaitCondition([&] { return plan.executions() == 1; }));
+  // The next execution is scheduled from the end of the first; wait for that
+  // end before moving the clock.
+  const absl::Time due = clock.Now() + absl::Seconds(10);
+  ASSERT_TRUE(AwaitCondition([&] { return loop.NextWakeTime() == due; }));
   clock.AdvanceTime(absl::Seconds(9));
   // Not due yet: nothing runs however long real time waits for it.
   EXPECT_FALSE(AwaitCondition([&] { return plan.executions() == 2; },
