@@ -154,14 +154,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const setpoint::PollResult& r = decoded->result;
   Check(!r.epoch.empty(), "epoch present");
   Check(r.kinds.size() == kinds.size(), "one view per kind");
+  Check(decoded->answers.size() == kinds.size(), "one answer per kind");
   for (const auto& [kind, view] : r.kinds) {
     for (size_t i = 1; i < view.members.size(); ++i) {
       Check(view.members[i - 1] < view.members[i], "members sorted, unique");
     }
+    const setpoint::redis::KindAnswer& answer = decoded->answers.at(kind);
+    // Changes only: no members, the caller's records (the cache merges).
+    Check(!answer.changes_only || view.members.empty(), "no members");
+    Check(!answer.changes_only || answer.seq.has_value(), "changes end at seq");
     for (const auto& [id, a] : view.held) {
-      Check(std::binary_search(view.members.begin(), view.members.end(), id),
+      Check(answer.changes_only || std::binary_search(view.members.begin(),
+                                                      view.members.end(), id),
             "held only by members");
       Check(!a.range.Empty(), "held range not empty");
+    }
+    for (const setpoint::redis::LoggedChange& c : answer.changes) {
+      Check(!c.id.empty(), "change names an id");
+      Check(c.op == '+' || c.op == '-' || c.op == 'h' || c.op == 'd',
+            "change op");
+      Check((c.op == 'h') == !c.value.empty(), "value only when set");
     }
   }
   return 0;

@@ -33,6 +33,14 @@
 // Optionally every grant is acknowledged only once WAIT saw it on a replica
 // (grant_wait_replicas).
 //
+// Cached views: the scripts log every change to a kind's members and
+// records, and a poll sends the position of the view it got last, so Redis
+// answers with the changes since then and the caller's own records, not
+// the whole fleet; every 16th poll of a kind reads everything again, and
+// a new epoch, a gap in the log or an own record that disagrees with the
+// view does too. What the lease protocol checks about the caller's own
+// nodes always comes from Redis.
+//
 // Thread safety: thread-safe; calls are serialized on the one connection.
 #ifndef SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
 #define SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
@@ -146,6 +154,10 @@ class RedisNodeRegistry : public NodeRegistry {
 
   // Round trips to Redis so far (scripts and commands, not subscriptions).
   int64_t round_trips() const;
+  // How often a poll answered a kind with the changes since the cached
+  // view instead of every member and record (once per kind and poll; see
+  // "Cached views" above).
+  int64_t polls_with_changes_only() const;
   // The master's address as last connected ("host:port"), or "" before the
   // first connect; with Sentinel it changes after a failover.
   std::string master_address() const;

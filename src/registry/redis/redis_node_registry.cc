@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "registry/redis/poll_cache.h"
 #include "registry/redis/redis_client.h"
 #include "registry/redis/registry_codec.h"
 #include "registry/redis/registry_scripts.h"
@@ -161,6 +162,14 @@ struct RedisNodeRegistry::Impl {
   }
   std::string KindKey(const std::string& kind, const char* name) const {
     return absl::StrCat(prefix, ":kind:", kind, ":", name);
+  }
+  // The keys of a kind the poll and handoff scripts take, in their order.
+  void PushKindKeys(const std::string& kind,
+                    std::vector<std::string>* keys) const {
+    for (const char* name :
+         {"members", "held", "token", "changes", "changes_seq"}) {
+      keys->push_back(KindKey(kind, name));
+    }
   }
 
   // Runs `script`, waiting at most until the context's deadline (and at
@@ -392,6 +401,18 @@ struct RedisNodeRegistry::Impl {
     int64_t held_back;
   };
   static constexpr absl::Duration kWarnEvery = absl::Seconds(10);
+  // One poll: its result, or with *again an error after which the poll is
+  // to be sent once more (the cached views were dropped).
+  absl::StatusOr<PollResult> PollOnce(const Context& ctx,
+                                      const PollRequest& request, bool* again)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu);
+
+  // Serializes polls: each reads and updates the cached views.
+  Mutex poll_mu;
+  redis::PollCache cache ABSL_GUARDED_BY(poll_mu);
+  // cache.change_polls(), readable without waiting for a poll.
+  std::atomic<int64_t> change_polls{0};
+
   Mutex warn_mu;
   std::map<std::string, WarnState> warned ABSL_GUARDED_BY(warn_mu);
 
@@ -460,6 +481,19 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                      absl::FormatDuration(request.lease)));
   }
   Impl& d = *impl_;
+  MutexLock poll_lock(&d.poll_mu);
+  bool again = false;
+  absl::StatusOr<PollResult> result = d.PollOnce(ctx, request, &again);
+  // The changes did not follow the cached view, which is gone now: read
+  // everything.
+  if (again) result = d.PollOnce(ctx, request, &again);
+  return result;
+}
+
+absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(
+    const Context& ctx, const PollRequest& request, bool* again) {
+  Impl& d = *this;
+  *again = false;
   std::vector<std::string> keys = {
       d.Key("epoch"),   d.Key("grants_from"), d.Key("run"),    d.Key("version"),
       d.Key("drained"), d.Key("kinds"),       d.Key("clamped")};
@@ -472,13 +506,12 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
       absl::StrCat(request.kinds.size()),
       absl::StrCat(request.min_version),
       d.instance,
-      request.own_held_only ? "1" : "0"};
-  std::vector<std::string> kinds;
+      request.own_held_only ? "1" : "0",
+      d.cache.epoch()};
+  std::vector<std::string> polled;
   for (const auto& [kind, ids] : request.kinds) {
-    kinds.push_back(kind);
-    keys.push_back(d.KindKey(kind, "members"));
-    keys.push_back(d.KindKey(kind, "held"));
-    keys.push_back(d.KindKey(kind, "token"));
+    polled.push_back(kind);
+    d.PushKindKeys(kind, &keys);
     args.push_back(kind);
     auto ring = request.ring_sizes.find(kind);
     args.push_back(ring == request.ring_sizes.end()
@@ -488,6 +521,9 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
     args.push_back(token == request.min_tokens.end()
                        ? std::string()
                        : absl::StrCat(token->second));
+    std::optional<uint64_t> since =
+        request.own_held_only ? std::nullopt : d.cache.Since(kind);
+    args.push_back(since.has_value() ? absl::StrCat(*since) : std::string());
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
@@ -495,8 +531,10 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
   absl::StatusOr<RedisReply> reply = d.Eval(ctx, d.poll, keys, args, "poll");
   if (!reply.ok()) return reply.status();
   absl::StatusOr<redis::DecodedPoll> decoded =
-      redis::DecodePollReply(*reply, kinds);
+      redis::DecodePollReply(*reply, polled);
   if (!decoded.ok()) return decoded.status();
+  const bool merged = d.cache.Merge(&*decoded, request, &decoded->warnings);
+  d.change_polls.store(d.cache.change_polls(), std::memory_order_relaxed);
   for (const std::string& w : decoded->warnings) d.WarnLimited(w);
   if (!decoded->new_epoch_reason.empty()) {
     SPDLOG_LOGGER_INFO(d.logger,
@@ -504,6 +542,11 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
                        "epoch={} version={}: {}",
                        d.prefix, decoded->result.epoch, decoded->result.version,
                        decoded->new_epoch_reason);
+  }
+  if (!merged) {
+    *again = true;
+    return absl::AbortedError(
+        "poll: the changes did not follow the cached view");
   }
   return std::move(decoded->result);
 }
@@ -516,7 +559,8 @@ absl::Status RedisNodeRegistry::Release(const Context& ctx,
   if (keep.range.Empty()) keep = Assignment{};
   absl::StatusOr<RedisReply> reply = d.Eval(
       ctx, d.release,
-      {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version")},
+      {d.KindKey(kind, "members"), d.KindKey(kind, "held"), d.Key("version"),
+       d.KindKey(kind, "changes"), d.KindKey(kind, "changes_seq")},
       {node_id, redis::RunsArg(keep.range), absl::StrCat(keep.token), d.channel,
        d.instance},
       absl::StrCat("release node=", node_id, " range=", keep.range.ToString(),
@@ -539,7 +583,8 @@ absl::StatusOr<uint64_t> RedisNodeRegistry::Grant(const Context& ctx,
       d.Eval(ctx, d.grant,
              {d.Key("epoch"), d.Key("grants_from"), d.Key("run"),
               d.Key("version"), d.KindKey(kind, "members"),
-              d.KindKey(kind, "held"), d.KindKey(kind, "token")},
+              d.KindKey(kind, "held"), d.KindKey(kind, "token"),
+              d.KindKey(kind, "changes"), d.KindKey(kind, "changes_seq")},
              {node_id, redis::RunsArg(set), d.channel, epoch, d.instance}, what,
              [](const RedisReply&) { return true; });  // Any non-error reply.
   if (!reply.ok()) return reply.status();
@@ -581,9 +626,7 @@ absl::StatusOr<HandoffResult> RedisNodeRegistry::Handoff(
   std::vector<std::string> args = {d.channel, d.instance, request.epoch,
                                    absl::StrCat(by_kind.size())};
   for (const auto& [kind, ops] : by_kind) {
-    keys.push_back(d.KindKey(kind, "members"));
-    keys.push_back(d.KindKey(kind, "held"));
-    keys.push_back(d.KindKey(kind, "token"));
+    d.PushKindKeys(kind, &keys);
     args.push_back(kind);
     args.push_back(absl::StrCat(ops.releases.size()));
     for (size_t i : ops.releases) {
@@ -679,7 +722,8 @@ absl::Status RedisNodeRegistry::Deregister(
   return d
       .Eval(ctx, d.deregister,
             {d.KindKey(kind, "members"), d.KindKey(kind, "held"),
-             d.Key("version")},
+             d.Key("version"), d.KindKey(kind, "changes"),
+             d.KindKey(kind, "changes_seq")},
             args, absl::StrCat("deregister kind=", kind))
       .status();
 }
@@ -762,6 +806,10 @@ int64_t RedisNodeRegistry::AddNoticeListener(
 void RedisNodeRegistry::RemoveChangeListener(int64_t id) {
   MutexLock l(&impl_->listeners_mu);
   impl_->listeners.erase(id);
+}
+
+int64_t RedisNodeRegistry::polls_with_changes_only() const {
+  return impl_->change_polls.load(std::memory_order_relaxed);
 }
 
 int64_t RedisNodeRegistry::round_trips() const {

@@ -133,10 +133,10 @@ bool ParseScore(absl::string_view text, absl::Time* out) {
   return true;
 }
 
-// A member id that may get a share of the ring: "<pod>/<kind>/<index>" of
-// this kind (index decimal digits), at most 512 bytes, no control bytes or
-// spaces. Checked here, not in the poll script: every pod checks its own
-// copy, and Redis, which serves them all, does less per poll.
+}  // namespace
+
+// Checked here, not in the poll script: every pod checks its own copy,
+// and Redis, which serves them all, does less per poll.
 bool UsableMemberId(absl::string_view id, absl::string_view kind) {
   if (id.size() > 512) return false;
   for (char ch : id) {
@@ -156,8 +156,6 @@ bool UsableMemberId(absl::string_view id, absl::string_view kind) {
     return c >= '0' && c <= '9';
   });
 }
-
-}  // namespace
 
 absl::StatusOr<uint64_t> ParseToken(absl::string_view text) {
   uint64_t v = 0;
@@ -220,6 +218,39 @@ std::string FormatHeld(const Assignment& a) {
   return absl::StrCat(RunsArg(a.range), " ", a.token);
 }
 
+absl::StatusOr<LoggedChange> ParseLoggedChange(absl::string_view entry) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("change ", Quote(entry),
+                     " is not \"<seq> <op> <length of id> <id><value>\""));
+  };
+  LoggedChange c;
+  const size_t s1 = entry.find(' ');
+  if (s1 == absl::string_view::npos ||
+      !ParseDecimal(entry.substr(0, s1), &c.seq) || entry.size() < s1 + 3 ||
+      entry[s1 + 2] != ' ') {
+    return bad();
+  }
+  c.op = entry[s1 + 1];
+  absl::string_view rest = entry.substr(s1 + 3);
+  const size_t s2 = rest.find(' ');
+  uint64_t len = 0;
+  if (s2 == absl::string_view::npos ||
+      !ParseDecimal(rest.substr(0, s2), &len) || len == 0 ||
+      len > rest.size() - s2 - 1) {
+    return bad();
+  }
+  c.id = std::string(rest.substr(s2 + 1, len));
+  absl::string_view value = rest.substr(s2 + 1 + len);
+  if (c.op == 'h') {
+    if (value.empty()) return bad();
+    c.value = std::string(value);
+  } else if ((c.op != '+' && c.op != '-' && c.op != 'd') || !value.empty()) {
+    return bad();
+  }
+  return c;
+}
+
 absl::StatusOr<DecodedPoll> DecodePollReply(
     const RedisReply& reply, const std::vector<std::string>& kinds) {
   if (reply.type != RedisReply::Type::kArray) return Shape("not an array");
@@ -231,7 +262,7 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
     if (!IsText(e[i])) return Shape(absl::StrCat("element ", i, " not text"));
   }
   if (e[5].type != RedisReply::Type::kArray ||
-      e[5].elements.size() != 2 * kinds.size()) {
+      e[5].elements.size() != 4 * kinds.size()) {
     return Shape("views do not match the kinds asked for");
   }
   if (e[6].type != RedisReply::Type::kArray) return Shape("no warning list");
@@ -268,40 +299,74 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
   }
   for (const auto& [pod, since] : drained) result.drained.insert(pod);
   for (size_t k = 0; k < kinds.size(); ++k) {
-    const RedisReply& members = e[5].elements[2 * k];
-    const RedisReply& held = e[5].elements[2 * k + 1];
-    if (members.type != RedisReply::Type::kArray ||
+    const RedisReply& mode = e[5].elements[4 * k];
+    const RedisReply& seq = e[5].elements[4 * k + 1];
+    const RedisReply& members = e[5].elements[4 * k + 2];
+    const RedisReply& held = e[5].elements[4 * k + 3];
+    if (!IsText(mode) ||
+        (mode.str != "f" && mode.str != "d" && mode.str != "o") ||
+        !IsText(seq) || members.type != RedisReply::Type::kArray ||
         held.type != RedisReply::Type::kArray ||
         held.elements.size() % 2 != 0) {
       return Shape(absl::StrCat("view of kind ", kinds[k]));
     }
-    KindView& view = result.kinds[kinds[k]];
-    int64_t bad = 0;
-    std::vector<std::string> examples;
-    for (const RedisReply& m : members.elements) {
-      if (!IsText(m)) return Shape(absl::StrCat("member of kind ", kinds[k]));
-      if (!UsableMemberId(m.str, kinds[k])) {
-        if (++bad <= 3) examples.push_back(Quote(m.str));
-        continue;
+    KindAnswer& answer = out.answers[kinds[k]];
+    answer.changes_only = mode.str == "d";
+    if (!seq.str.empty()) {
+      uint64_t v = 0;
+      if (!ParseDecimal(seq.str, &v)) {
+        return Shape(
+            absl::StrCat("change seq of kind ", kinds[k], " ", Quote(seq.str)));
       }
-      view.members.push_back(m.str);
+      answer.seq = v;
+    } else if (answer.changes_only) {
+      return Shape(
+          absl::StrCat("changes of kind ", kinds[k], " without a seq"));
     }
-    if (bad > 0) {
-      out.warnings.push_back(absl::StrCat(
-          "kind ", kinds[k], ": ", bad, " member id(s) are not \"<pod>/",
-          kinds[k],
-          "/<index>\" and get no shards: ", absl::StrJoin(examples, ", ")));
+    KindView& view = result.kinds[kinds[k]];
+    if (answer.changes_only) {
+      for (const RedisReply& c : members.elements) {
+        if (!IsText(c)) return Shape(absl::StrCat("change of kind ", kinds[k]));
+        absl::StatusOr<LoggedChange> change = ParseLoggedChange(c.str);
+        if (!change.ok()) {
+          // Someone else's entry: the changes cannot be trusted; the caller
+          // reads everything instead.
+          out.warnings.push_back(absl::StrCat(
+              "kind ", kinds[k], " change log: ", change.status().message()));
+          answer.broken = true;
+          continue;
+        }
+        answer.changes.push_back(*std::move(change));
+      }
+    } else {
+      int64_t bad = 0;
+      std::vector<std::string> examples;
+      for (const RedisReply& m : members.elements) {
+        if (!IsText(m)) return Shape(absl::StrCat("member of kind ", kinds[k]));
+        if (!UsableMemberId(m.str, kinds[k])) {
+          if (++bad <= 3) examples.push_back(Quote(m.str));
+          continue;
+        }
+        view.members.push_back(m.str);
+      }
+      if (bad > 0) {
+        out.warnings.push_back(absl::StrCat(
+            "kind ", kinds[k], ": ", bad, " member id(s) are not \"<pod>/",
+            kinds[k],
+            "/<index>\" and get no shards: ", absl::StrJoin(examples, ", ")));
+      }
+      std::sort(view.members.begin(), view.members.end());
+      view.members.erase(std::unique(view.members.begin(), view.members.end()),
+                         view.members.end());
     }
-    std::sort(view.members.begin(), view.members.end());
-    view.members.erase(std::unique(view.members.begin(), view.members.end()),
-                       view.members.end());
     for (size_t i = 0; i + 1 < held.elements.size(); i += 2) {
       const RedisReply& id = held.elements[i];
       const RedisReply& value = held.elements[i + 1];
       if (!IsText(id) || !IsText(value)) {
         return Shape(absl::StrCat("held entry of kind ", kinds[k]));
       }
-      if (!std::binary_search(view.members.begin(), view.members.end(),
+      if (!answer.changes_only &&
+          !std::binary_search(view.members.begin(), view.members.end(),
                               id.str)) {
         continue;  // Not a live member: the scripts ignore it too.
       }

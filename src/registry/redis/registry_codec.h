@@ -11,6 +11,7 @@
 #define SETPOINT_SRC_REGISTRY_REDIS_REGISTRY_CODEC_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,9 +38,41 @@ std::string RunsArg(const ShardSet& shards);
 // A held record: RunsArg(a.range) + " <token>".
 std::string FormatHeld(const Assignment& a);
 
+// A member id that may get a share of the ring: "<pod>/<kind>/<index>" of
+// this kind (index decimal digits), at most 512 bytes, no control bytes or
+// spaces.
+bool UsableMemberId(absl::string_view id, absl::string_view kind);
+
+// One entry of a kind's change log, "<seq> <op> <#id> <id><value>": op '+'
+// a member joined, '-' a member left (and its record went), 'h' the record
+// was set to `value`, 'd' the record was dropped. kInvalidArgument when the
+// entry is not exactly that.
+struct LoggedChange {
+  uint64_t seq = 0;
+  char op = 0;
+  std::string id;
+  std::string value;
+};
+absl::StatusOr<LoggedChange> ParseLoggedChange(absl::string_view entry);
+
+// How the poll answered for one kind. A full view (`changes_only` false):
+// the kind's view is in `result`, and `seq` is the change seq it is at
+// (nullopt: the view must not be cached, e.g. members beyond the horizon).
+// Changes only: `changes` since the seq the caller sent, up to `seq`, and
+// the kind's view in `result` holds only the held records of the ids the
+// caller renewed (no members).
+struct KindAnswer {
+  bool changes_only = false;
+  std::optional<uint64_t> seq;
+  std::vector<LoggedChange> changes;
+  // Changes only, and some entry did not parse (named in the warnings).
+  bool broken = false;
+};
+
 // What one poll returned, decoded.
 struct DecodedPoll {
   PollResult result;
+  std::map<std::string, KindAnswer> answers;
   // The reason the script started a new epoch ("" when it did not).
   std::string new_epoch_reason;
   // Values the script ignored or repaired, one line each, naming the key.

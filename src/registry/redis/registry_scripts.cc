@@ -77,13 +77,18 @@ local function runs_text(runs)
   end
   return table.concat(parts, ' ')
 end
+-- The one spelling runs_text writes: single spaces, no leading zeros in
+-- the runs (checked on the words, without formatting them back: every
+-- grant reads every record).
 local function parse_runs(s, need_token)
   if type(s) ~= 'string' or #s > 100000 then return nil end
-  local words = {}
+  local words, len = {}, 0
   for w in string.gmatch(s, '[^ ]+') do
     if #w > 20 or not string.match(w, '^%d+$') then return nil end
     words[#words + 1] = w
+    len = len + #w
   end
+  if len + math.max(#words - 1, 0) ~= #s then return nil end
   local tok = nil
   if need_token then
     if #words < 3 or #words % 2 == 0 then return nil end
@@ -92,15 +97,16 @@ local function parse_runs(s, need_token)
     return nil
   end
   local runs, last = {}, -1
+  for i = 1, #words do
+    local w = words[i]
+    if #w > 1 and string.byte(w, 1) == 48 then return nil end
+  end
   for i = 1, #words, 2 do
     local b, e = tonumber(words[i]), tonumber(words[i + 1])
     if b >= e or b <= last or e > 4294967295 then return nil end
     runs[#runs + 1] = {b, e}
     last = e
   end
-  local canon = runs_text(runs)
-  if tok then canon = canon .. ' ' .. tok end
-  if canon ~= s then return nil end
   return runs, tok
 end
 local function parse_held(v) return parse_runs(v, true) end
@@ -128,6 +134,29 @@ local function runs_minus(a, b)
   end
   return out
 end
+-- The change log of a kind's members and records, so that a pod can read
+-- what changed since its last poll instead of every member and record:
+-- a list (key "changes") of "<seq> <op> <#id> <id><value>" and its counter
+-- (key "changes_seq"). op: '+' a member joined, '-' a member left with its
+-- record, 'h' the record was set to <value>, 'd' the record was dropped.
+-- Only the newest CHANGES_MAX entries are kept; a pod further behind reads
+-- everything. A counter that does not hold a count starts over (the pods
+-- then read everything).
+local CHANGES_MAX = 4096
+local function log_change(logkey, seqkey, op, id, value)
+  local n = tonumber(redis.call('GET', seqkey) or '0')
+  if not n or n < 0 or n >= 2^52 or n ~= math.floor(n) then n = 0 end
+  n = n + 1
+  redis.call('SET', seqkey, num(n))
+  redis.call('RPUSH', logkey,
+             num(n) .. ' ' .. op .. ' ' .. #id .. ' ' .. id .. (value or ''))
+  if redis.call('LLEN', logkey) > CHANGES_MAX then
+    redis.call('LTRIM', logkey, -CHANGES_MAX, -1)
+  end
+end
+local function wrong_log(logkey, seqkey)
+  return wrong_type(logkey, 'list') or wrong_type(seqkey, 'string')
+end
 local function parse_gf(gfs)
   if gfs and #gfs <= 15 and string.match(gfs, '^%d+$') then
     return tonumber(gfs)
@@ -137,17 +166,25 @@ end
 )lua";
 
 // KEYS: epoch, grants_from, run, version, drained, kinds, clamped (kind ->
-// the epoch whose leases were clamped), then members, held, token per kind.
+// the epoch whose leases were clamped), then members, held, token, changes,
+// changes_seq per kind.
 // ARGV: lease_ms, fresh epoch id, channel, kinds, min_version, message,
-// own held only ('1': the held records of the given ids only), then per
-// kind: kind, ring size ('' for none), min token ('' for none), n, ids...
+// own held only ('1': the held records of the given ids only), the epoch
+// of the caller's cached view ('' for none), then per kind: kind, ring size
+// ('' for none), min token ('' for none), the change seq the caller's view
+// is at ('' to read everything), n, ids...
 // Starts a new epoch when the state is missing, was written under another
 // server run (a restart or failover: it may be an older snapshot) or is
 // older than a version the caller saw; renews the given members, expires
 // dead ones with their held ranges, and returns
 // {epoch, grants_from, now, version, new_epoch_reason, views, warnings,
 // drained}, and records each kind (with its ring size, when given) for
-// Describe.
+// Describe. views holds four elements per kind: 'f', the change seq the
+// view is at ('' when it cannot be cached), live members, held records
+// (flat id, value); 'd', the seq reached, the changes after the caller's
+// seq, the held records of the given ids (flat id, value): only while the
+// epoch is the caller's and the log still has every change since; 'o'
+// (own held only), '', live members, the given ids' records.
 extern const char kPollScript[] = R"lua(
 local now = now_ms()
 local lease = tonumber(ARGV[1])
@@ -164,9 +201,10 @@ do
   if e then return redis.error_reply(e) end
 end
 for k = 1, nkinds do
-  local b = 7 + 3 * (k - 1)
+  local b = 7 + 5 * (k - 1)
   local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
-            wrong_type(KEYS[b + 3], 'string')
+            wrong_type(KEYS[b + 3], 'string') or
+            wrong_log(KEYS[b + 4], KEYS[b + 5])
   if e then return redis.error_reply(e) end
   local tok = redis.call('GET', KEYS[b + 3])
   if tok and not dec_ok(tok) then
@@ -219,16 +257,19 @@ if not gf or gf > now + 2 * lease then
 end
 local views = {}
 local own_only = ARGV[7] == '1'
-local ai = 8
+local cached_epoch = ARGV[8]
+local ai = 9
 local horizon = now + 2 * lease
 for k = 1, nkinds do
-  local b = 7 + 3 * (k - 1)
+  local b = 7 + 5 * (k - 1)
   local members, held = KEYS[b + 1], KEYS[b + 2]
+  local log, seqkey = KEYS[b + 4], KEYS[b + 5]
   local kind = ARGV[ai]
   local ring = ARGV[ai + 1]
   local min_token = ARGV[ai + 2]
-  local n = tonumber(ARGV[ai + 3])
-  ai = ai + 4
+  local since = tonumber(ARGV[ai + 3])
+  local n = tonumber(ARGV[ai + 4])
+  ai = ai + 5
   -- Tokens never go back: the counter is at least the highest token a pod
   -- holds or has seen (a failover may have lost the grants that raised it,
   -- and the new primary's clock may be behind).
@@ -258,21 +299,26 @@ for k = 1, nkinds do
   local dead = redis.call('ZRANGEBYSCORE', members, '-inf', num(now))
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', members, '-inf', num(now))
-    for _, id in ipairs(dead) do redis.call('HDEL', held, id) end
+    for _, id in ipairs(dead) do
+      redis.call('HDEL', held, id)
+      log_change(log, seqkey, '-', id)
+    end
     changed = true
   end
   local own = {}
   for i = 1, n do
     if redis.call('ZADD', members, num(now + lease), ARGV[ai]) == 1 then
+      log_change(log, seqkey, '+', ARGV[ai])
       changed = true
     end
     table.insert(own, ARGV[ai])
     ai = ai + 1
   end
-  local live = redis.call('ZRANGEBYSCORE', members, '(' .. num(now),
-                          num(horizon))
-  -- Ids that are not "<pod>/<kind>/<index>" are left out by the pods
-  -- themselves (DecodePollReply), not here: Redis serves every pod.
+  local function live()
+    -- Ids that are not "<pod>/<kind>/<index>" are left out by the pods
+    -- themselves (DecodePollReply), not here: Redis serves every pod.
+    return redis.call('ZRANGEBYSCORE', members, '(' .. num(now), num(horizon))
+  end
   local far = redis.call('ZCOUNT', members, '(' .. num(horizon), '+inf')
   if far > 0 then
     local ex = redis.call('ZRANGEBYSCORE', members, '(' .. num(horizon),
@@ -284,20 +330,51 @@ for k = 1, nkinds do
       'hold stays blocked until they expire or are removed: ' ..
       table.concat(ex, ', '))
   end
-  table.insert(views, live)
-  if own_only and #own <= 1000 then
+  local function own_records()
     local flat = {}
-    if #own > 0 then
-      local vals = redis.call('HMGET', held, unpack(own))
-      for i = 1, #own do
-        if vals[i] then
-          table.insert(flat, own[i])
-          table.insert(flat, vals[i])
+    for i = 1, #own, 1000 do
+      local part = {unpack(own, i, math.min(#own, i + 999))}
+      local vals = redis.call('HMGET', held, unpack(part))
+      for j = 1, #part do
+        if vals[j] then
+          table.insert(flat, part[j])
+          table.insert(flat, vals[j])
         end
       end
     end
-    table.insert(views, flat)
+    return flat
+  end
+  -- Members are cacheable when none is beyond the horizon (the view leaves
+  -- those out, and they come back without a change).
+  local seq = tonumber(redis.call('GET', seqkey) or '0')
+  if seq and (seq < 0 or seq ~= math.floor(seq)) then seq = nil end
+  -- The newest entry is at `seq`: the changes after `since` are the last
+  -- seq - since entries, if the log still has that many (the caller checks
+  -- their seqs).
+  local changes = nil
+  if far == 0 and seq and since and reason == '' and cached_epoch == epoch and
+     since <= seq then
+    local need = seq - since
+    if need == 0 then
+      changes = {}
+    elseif need <= redis.call('LLEN', log) then
+      changes = redis.call('LRANGE', log, -need, -1)
+    end
+  end
+  if own_only then
+    table.insert(views, 'o')
+    table.insert(views, '')
+    table.insert(views, live())
+    table.insert(views, own_records())
+  elseif changes then
+    table.insert(views, 'd')
+    table.insert(views, num(seq))
+    table.insert(views, changes)
+    table.insert(views, own_records())
   else
+    table.insert(views, 'f')
+    table.insert(views, (far == 0 and seq) and num(seq) or '')
+    table.insert(views, live())
     table.insert(views, redis.call('HGETALL', held))
   end
 end
@@ -306,12 +383,14 @@ return {epoch, num(gf), num(now), version, reason, views, warnings,
         redis.call('HGETALL', KEYS[5])}
 )lua";
 
-// KEYS: members, held, version. ARGV: node, runs ("<b> <e> ..." of what
-// the node keeps; '' for nothing), token, channel, message.
+// KEYS: members, held, version, changes, changes_seq. ARGV: node, runs
+// ("<b> <e> ..." of what the node keeps; '' for nothing), token, channel,
+// message.
 // Shrinks the node's record to the kept runs if it is recorded under
 // `token` and covers them; nothing kept drops whatever is recorded.
 extern const char kReleaseScript[] = R"lua(
-local e = wrong_type(KEYS[2], 'hash') or wrong_type(KEYS[3], 'string')
+local e = wrong_type(KEYS[2], 'hash') or wrong_type(KEYS[3], 'string') or
+          wrong_log(KEYS[4], KEYS[5])
 if e then return redis.error_reply(e) end
 local cur = redis.call('HGET', KEYS[2], ARGV[1])
 local keep = parse_runs(ARGV[2], false)
@@ -319,6 +398,7 @@ if not keep then return redis.error_reply('release: bad runs') end
 if #keep == 0 then
   if cur then
     redis.call('HDEL', KEYS[2], ARGV[1])
+    log_change(KEYS[4], KEYS[5], 'd', ARGV[1])
     bump_version(KEYS[3])
     redis.call('PUBLISH', ARGV[4], ARGV[5])
   end
@@ -341,14 +421,18 @@ if #runs_minus(keep, cruns) > 0 then
   return redis.error_reply('SETPOINT_PRECONDITION not within the recorded ' ..
                            'shards ' .. quote(cur))
 end
-redis.call('HSET', KEYS[2], ARGV[1], runs_text(keep) .. ' ' .. ct)
+local v = runs_text(keep) .. ' ' .. ct
+if v ~= cur then
+  redis.call('HSET', KEYS[2], ARGV[1], v)
+  log_change(KEYS[4], KEYS[5], 'h', ARGV[1], v)
+end
 bump_version(KEYS[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 'OK'
 )lua";
 
-// KEYS: epoch, grants_from, run, version, members, held, token.
-// ARGV: node, runs ("<b> <e> ..."), channel, epoch, message.
+// KEYS: epoch, grants_from, run, version, members, held, token, changes,
+// changes_seq. ARGV: node, runs ("<b> <e> ..."), channel, epoch, message.
 // Grants the runs if the state is still the epoch the caller polled, the
 // node is live, grants are allowed, and no other live member holds any of
 // it. Tokens only grow, also across a loss of Redis's state: each is at
@@ -361,7 +445,7 @@ for i = 1, 4 do
   if e then return redis.error_reply(e) end
 end
 local e = wrong_type(KEYS[5], 'zset') or wrong_type(KEYS[6], 'hash') or
-          wrong_type(KEYS[7], 'string')
+          wrong_type(KEYS[7], 'string') or wrong_log(KEYS[8], KEYS[9])
 if e then return redis.error_reply(e) end
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[4] or redis.call('GET', KEYS[3]) ~= run_id() then
@@ -419,12 +503,13 @@ if not dec_ok(token) then
 end
 redis.call('SET', KEYS[7], token)
 redis.call('HSET', KEYS[6], ARGV[1], runs_text(want) .. ' ' .. token)
+log_change(KEYS[8], KEYS[9], 'h', ARGV[1], runs_text(want) .. ' ' .. token)
 bump_version(KEYS[4])
 return token
 )lua";
 
-// KEYS: epoch, grants_from, run, version, then members, held, token per
-// kind. ARGV: channel, message, epoch, kinds, then per kind: kind,
+// KEYS: epoch, grants_from, run, version, then members, held, token,
+// changes, changes_seq per kind. ARGV: channel, message, epoch, kinds, then per kind: kind,
 // releases n, n x (node, kept runs "<b> <e> ..." ('' for none), token),
 // grants m, m x (node, runs).
 // Runs every release as kReleaseScript does, then every grant as
@@ -439,9 +524,10 @@ for i = 1, 4 do
 end
 local nkinds = tonumber(ARGV[4])
 for k = 1, nkinds do
-  local b = 4 + 3 * (k - 1)
+  local b = 4 + 5 * (k - 1)
   local e = wrong_type(KEYS[b + 1], 'zset') or wrong_type(KEYS[b + 2], 'hash') or
-            wrong_type(KEYS[b + 3], 'string')
+            wrong_type(KEYS[b + 3], 'string') or
+            wrong_log(KEYS[b + 4], KEYS[b + 5])
   if e then return redis.error_reply(e) end
 end
 local now, t = now_ms()
@@ -452,8 +538,9 @@ local checked = false
 local out = {}
 local ai = 5
 for k = 1, nkinds do
-  local b = 4 + 3 * (k - 1)
+  local b = 4 + 5 * (k - 1)
   local members, held, tokkey = KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  local log, seqkey = KEYS[b + 4], KEYS[b + 5]
   local kname = ARGV[ai]
   ai = ai + 1
   local res = {}
@@ -476,6 +563,7 @@ for k = 1, nkinds do
     if #keep == 0 then
       if cur then
         redis.call('HDEL', held, node)
+        log_change(log, seqkey, 'd', node)
         released = true
         local cruns = parse_held(cur)
         if cruns then
@@ -501,6 +589,7 @@ for k = 1, nkinds do
         local v = runs_text(keep) .. ' ' .. ct
         if v ~= cur then
           redis.call('HSET', held, node, v)
+          log_change(log, seqkey, 'h', node, v)
           released = true
           free(runs_minus(cruns, keep))
         end
@@ -609,7 +698,9 @@ for k = 1, nkinds do
       else
         last = token
         redis.call('SET', tokkey, token)
-        redis.call('HSET', held, node, runs_text(want) .. ' ' .. token)
+        local v = runs_text(want) .. ' ' .. token
+        redis.call('HSET', held, node, v)
+        log_change(log, seqkey, 'h', node, v)
         ranges[node] = want
         granted = true
         table.insert(res, 'T ' .. token)
@@ -632,14 +723,17 @@ end
 return out
 )lua";
 
-// KEYS: members, held, version. ARGV: channel, message, ids...
+// KEYS: members, held, version, changes, changes_seq. ARGV: channel,
+// message, ids...
 extern const char kDeregisterScript[] = R"lua(
 local e = wrong_type(KEYS[1], 'zset') or wrong_type(KEYS[2], 'hash') or
-          wrong_type(KEYS[3], 'string')
+          wrong_type(KEYS[3], 'string') or wrong_log(KEYS[4], KEYS[5])
 if e then return redis.error_reply(e) end
 for i = 3, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
+  local gone = redis.call('ZREM', KEYS[1], ARGV[i])
+  if redis.call('HDEL', KEYS[2], ARGV[i]) + gone > 0 then
+    log_change(KEYS[4], KEYS[5], '-', ARGV[i])
+  end
 end
 bump_version(KEYS[3])
 redis.call('PUBLISH', ARGV[1], ARGV[2])

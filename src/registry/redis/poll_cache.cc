@@ -1,0 +1,148 @@
+#include "registry/redis/poll_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace setpoint::redis {
+
+std::optional<uint64_t> PollCache::Since(const std::string& kind) {
+  auto it = kinds_.find(kind);
+  if (it == kinds_.end()) return std::nullopt;
+  if (++it->second.polls >= full_every_) return std::nullopt;
+  return it->second.seq;
+}
+
+void PollCache::Clear() {
+  kinds_.clear();
+  epoch_.clear();
+}
+
+KindView PollCache::ViewOf(const Kind& k) {
+  KindView view;
+  view.members = k.members;
+  for (const auto& [id, a] : k.held) {
+    if (std::binary_search(k.members.begin(), k.members.end(), id)) {
+      view.held.emplace_hint(view.held.end(), id, a);
+    }
+  }
+  return view;
+}
+
+bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
+                      std::vector<std::string>* warnings) {
+  PollResult& result = decoded->result;
+  if (result.epoch != epoch_) {
+    kinds_.clear();
+    epoch_ = result.epoch;
+  }
+  for (auto& [name, answer] : decoded->answers) {
+    KindView& view = result.kinds[name];
+    auto cached = kinds_.find(name);
+    if (!answer.changes_only) {
+      const bool comparable = cached != kinds_.end() &&
+                              answer.seq.has_value() &&
+                              cached->second.seq == *answer.seq;
+      if (comparable) {
+        const KindView mine = ViewOf(cached->second);
+        if (mine.members != view.members || mine.held != view.held) {
+          warnings->push_back(absl::StrCat(
+              "kind ", name,
+              ": the members or records changed without an entry in the "
+              "change log (a pod of an older setpoint, or a hand edit of the "
+              "keys); pods see such changes only at every ",
+              full_every_, "th poll"));
+        }
+      }
+      if (!answer.seq.has_value() || request.own_held_only) {
+        if (cached != kinds_.end()) kinds_.erase(cached);
+        continue;
+      }
+      Kind& k = kinds_[name];
+      k.seq = *answer.seq;
+      k.members = view.members;
+      k.held = view.held;
+      k.polls = 0;
+      continue;
+    }
+    // Changes only: they must start right after the cached view.
+    if (cached == kinds_.end() || !answer.seq.has_value() || answer.broken) {
+      Clear();
+      return false;
+    }
+    Kind& k = cached->second;
+    uint64_t at = k.seq;
+    for (const LoggedChange& c : answer.changes) {
+      if (c.seq != at + 1) {
+        Clear();
+        return false;
+      }
+      at = c.seq;
+      switch (c.op) {
+        case '+':
+          if (UsableMemberId(c.id, name)) {
+            auto pos =
+                std::lower_bound(k.members.begin(), k.members.end(), c.id);
+            if (pos == k.members.end() || *pos != c.id) {
+              k.members.insert(pos, c.id);
+            }
+          }
+          break;
+        case '-': {
+          auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
+          if (pos != k.members.end() && *pos == c.id) k.members.erase(pos);
+          k.held.erase(c.id);
+          break;
+        }
+        case 'h': {
+          absl::StatusOr<Assignment> a = ParseHeld(c.value);
+          if (a.ok()) {
+            k.held[c.id] = *std::move(a);
+          } else {
+            k.held.erase(c.id);
+          }
+          break;
+        }
+        default:  // 'd' (ParseLoggedChange allows no other op).
+          k.held.erase(c.id);
+          break;
+      }
+    }
+    if (at != *answer.seq) {
+      Clear();
+      return false;
+    }
+    k.seq = at;
+    // The records of the renewed ids came from Redis with the changes; the
+    // view must agree with them, or something was written past the log.
+    auto ids = request.kinds.find(name);
+    if (ids != request.kinds.end()) {
+      for (const std::string& id : ids->second) {
+        if (!std::binary_search(k.members.begin(), k.members.end(), id)) {
+          continue;  // Not a usable member: no record in any view.
+        }
+        auto fresh = view.held.find(id);
+        auto mine = k.held.find(id);
+        const bool same =
+            (fresh == view.held.end())
+                ? mine == k.held.end()
+                : (mine != k.held.end() && mine->second == fresh->second);
+        if (!same) {
+          warnings->push_back(absl::StrCat(
+              "kind ", name, " node ", id,
+              ": its record changed without an entry in the change log; "
+              "reading everything again"));
+          Clear();
+          return false;
+        }
+      }
+    }
+    view = ViewOf(k);
+    change_polls_ += 1;
+    changes_applied_ += static_cast<int64_t>(answer.changes.size());
+  }
+  return true;
+}
+
+}  // namespace setpoint::redis

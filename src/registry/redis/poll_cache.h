@@ -1,0 +1,79 @@
+// The Redis registry's cached views of the kinds a pod polls. A poll that
+// sends the seq its view is at gets back only the changes since (from the
+// kind's change log, kept by the scripts) and the held records of the ids
+// it renewed, instead of every member and record: a membership change then
+// costs each pod a few entries, not the whole fleet. Every full_every-th
+// poll of a kind still reads everything and, when nothing was logged in
+// between, says so if the view it kept differs (a write that bypassed the
+// log: an older version of setpoint, or a hand edit of the keys).
+//
+// The node's own records always come from Redis, not from the cache: what
+// the lease protocol checks about itself is never older than the poll.
+//
+//   PollCache cache;
+//   std::optional<uint64_t> since = cache.Since("web");  // into the request
+//   ... poll ...
+//   if (!cache.Merge(decoded, request, &warnings)) { /* poll again */ }
+//
+// Thread safety: not thread-safe; the registry calls it under one mutex.
+#ifndef SETPOINT_SRC_REGISTRY_REDIS_POLL_CACHE_H_
+#define SETPOINT_SRC_REGISTRY_REDIS_POLL_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "registry/redis/registry_codec.h"
+#include "setpoint/node/node_registry.h"
+
+namespace setpoint::redis {
+
+class PollCache {
+ public:
+  explicit PollCache(int full_every = 16) : full_every_(full_every) {}
+
+  // The epoch of the cached views ("" when there are none).
+  const std::string& epoch() const { return epoch_; }
+  // The seq to ask `kind`'s changes since, or nullopt to read everything
+  // (no view cached, or this is the full_every-th poll since the last full
+  // read). Counts the poll.
+  std::optional<uint64_t> Since(const std::string& kind);
+
+  // Completes decoded->result where the poll sent changes only, and caches
+  // the full views that may be cached. False when changes do not follow the
+  // cached view (a gap in the seqs, another epoch) or disagree with the
+  // records read with them: every cached view is dropped, and the caller
+  // polls again (reading everything). Appends to `warnings` what a full
+  // read found the cache had missed.
+  bool Merge(DecodedPoll* decoded, const PollRequest& request,
+             std::vector<std::string>* warnings);
+
+  // Drops every cached view.
+  void Clear();
+
+  // How many polls were answered with changes only, and how many changes
+  // they carried (for tests and benchmarks).
+  int64_t change_polls() const { return change_polls_; }
+  int64_t changes_applied() const { return changes_applied_; }
+
+ private:
+  struct Kind {
+    uint64_t seq = 0;
+    std::vector<std::string> members;        // Sorted, usable ids only.
+    std::map<std::string, Assignment> held;  // Records that parse.
+    int polls = 0;                           // Since the last full read.
+  };
+  static KindView ViewOf(const Kind& k);
+
+  int full_every_;
+  std::string epoch_;
+  std::map<std::string, Kind> kinds_;
+  int64_t change_polls_ = 0;
+  int64_t changes_applied_ = 0;
+};
+
+}  // namespace setpoint::redis
+
+#endif  // SETPOINT_SRC_REGISTRY_REDIS_POLL_CACHE_H_

@@ -1,0 +1,273 @@
+// The Redis registry's cached views against a real redis-server: a poll
+// answered with the changes since the last one must give exactly what a
+// poll that reads everything gives, through every kind of write, and must
+// fall back to reading everything whenever the log cannot be trusted.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "registry/redis/redis_client.h"
+#include "setpoint/node/node_registry.h"
+#include "setpoint/registry/redis_node_registry.h"
+#include "setpoint/testing/await.h"
+#include "setpoint/testing/null_logger.h"
+#include "setpoint/testing/redis_server.h"
+#include "setpoint/testing/status_matchers.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
+
+namespace setpoint {
+namespace {
+
+using ::setpoint::testing::AwaitCondition;
+using ::setpoint::testing::IsOk;
+using ::setpoint::testing::NullLogger;
+using ::setpoint::testing::RedisServer;
+using ::setpoint::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::unique_ptr<RedisNodeRegistry> Registry(
+    const std::string& address,
+    std::shared_ptr<spdlog::logger> logger = NullLogger()) {
+  auto r = RedisNodeRegistry::Create({.address = address, .logger = logger});
+  EXPECT_THAT(r.status(), IsOk());
+  return r.ok() ? std::move(*r) : nullptr;
+}
+
+redis::RedisReply Raw(const std::string& address,
+                      const std::vector<std::string>& argv) {
+  auto endpoint = redis::ParseRedisAddress(address);
+  redis::RedisClient client(*endpoint, {}, NullLogger());
+  auto reply = client.Command(argv);
+  EXPECT_THAT(reply.status(), IsOk());
+  return reply.ok() ? *reply : redis::RedisReply{};
+}
+
+class RedisChangeLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SETPOINT_START_REDIS_OR_SKIP(server_);
+    writer_ = Registry(server_.address());
+    reader_ = Registry(server_.address());
+    ASSERT_THAT(Poll(*writer_, {}).status(), IsOk());
+    Raw(server_.address(), {"SET", writer_->prefix() + ":grants_from", "0"});
+  }
+  std::string Key(const std::string& name) const {
+    return absl::StrCat(writer_->prefix(), ":kind:vm:", name);
+  }
+  absl::StatusOr<PollResult> Poll(RedisNodeRegistry& r,
+                                  std::vector<std::string> ids) {
+    auto v = r.Poll(ctx_, {.kinds = {{"vm", std::move(ids)}},
+                           .lease = absl::Seconds(30),
+                           .min_version = version_});
+    if (v.ok()) {
+      epoch_ = v->epoch;
+      version_ = std::max(version_, v->version);
+    }
+    return v;
+  }
+  // The reader's view (cached, answered with changes where it can) and a
+  // view read whole by a registry with no cache must be the same.
+  void ExpectReaderSeesWhatAFullReadSees(const std::string& when) {
+    auto cached = Poll(*reader_, {"r/vm/0"});
+    auto fresh = Registry(server_.address());
+    auto full = Poll(*fresh, {"r/vm/0"});
+    ASSERT_THAT(cached.status(), IsOk()) << when;
+    ASSERT_THAT(full.status(), IsOk()) << when;
+    EXPECT_EQ(cached->kinds["vm"].members, full->kinds["vm"].members) << when;
+    EXPECT_EQ(cached->kinds["vm"].held, full->kinds["vm"].held) << when;
+  }
+
+  RedisServer server_;
+  Context ctx_ = Context::Background();
+  std::unique_ptr<RedisNodeRegistry> writer_, reader_;
+  std::string epoch_;
+  uint64_t version_ = 0;
+};
+
+TEST_F(RedisChangeLogTest, CachedViewsMatchAFullReadThroughEveryKindOfWrite) {
+  // Ten nodes of pod "w" that join, get, shrink, hand off, release and
+  // leave at random (a fixed seed); after every write the reader's view
+  // must be exactly what a full read gives.
+  std::mt19937 rng(20261203);
+  struct Node {
+    bool member = false;
+    std::optional<Assignment> held;
+  };
+  std::vector<Node> nodes(10);
+  auto id = [](int i) { return absl::StrCat("w/vm/", i); };
+  auto members = [&] {
+    std::vector<std::string> out;
+    for (int i = 0; i < 10; ++i) {
+      if (nodes[i].member) out.push_back(id(i));
+    }
+    return out;
+  };
+  ExpectReaderSeesWhatAFullReadSees("start");
+  const int64_t before = reader_->polls_with_changes_only();
+  for (int step = 0; step < 200; ++step) {
+    const int i = static_cast<int>(rng() % 10);
+    Node& n = nodes[i];
+    const uint32_t lo = 100 * static_cast<uint32_t>(i);
+    std::string what;
+    if (!n.member) {
+      n.member = true;
+      ASSERT_THAT(Poll(*writer_, members()).status(), IsOk());
+      what = "join";
+    } else if (!n.held.has_value()) {
+      const uint32_t len = 1 + rng() % 100;
+      auto t = writer_->Grant(ctx_, "vm", id(i), {lo, lo + len}, epoch_);
+      ASSERT_THAT(t.status(), IsOk());
+      n.held = Assignment{{lo, lo + len}, *t};
+      what = "grant";
+    } else {
+      switch (rng() % 4) {
+        case 0: {  // Shrink to the first shard.
+          Assignment keep{{lo, lo + 1}, n.held->token};
+          ASSERT_THAT(writer_->Release(ctx_, "vm", id(i), keep), IsOk());
+          n.held = keep;
+          what = "shrink";
+          break;
+        }
+        case 1:
+          ASSERT_THAT(writer_->Release(ctx_, "vm", id(i), {}), IsOk());
+          n.held.reset();
+          what = "release";
+          break;
+        case 2: {  // Hand off: release everything and take two runs.
+          HandoffRequest h{.epoch = epoch_};
+          h.releases.push_back({"vm", id(i), {}});
+          h.grants.push_back(
+              {"vm", id(i), ShardSet::Of({{lo, lo + 10}, {lo + 20, lo + 30}})});
+          auto r = writer_->Handoff(ctx_, h);
+          ASSERT_THAT(r.status(), IsOk());
+          ASSERT_THAT(r->grants[0].status(), IsOk());
+          n.held = Assignment{ShardSet::Of({{lo, lo + 10}, {lo + 20, lo + 30}}),
+                              *r->grants[0]};
+          what = "handoff";
+          break;
+        }
+        default:
+          ASSERT_THAT(writer_->Deregister(ctx_, "vm", {id(i)}), IsOk());
+          n = Node{};
+          what = "leave";
+          break;
+      }
+    }
+    ExpectReaderSeesWhatAFullReadSees(
+        absl::StrCat("step ", step, ": ", what, " ", id(i)));
+  }
+  // Most of those polls were answered with changes only (every 16th of a
+  // kind reads everything).
+  EXPECT_GE(reader_->polls_with_changes_only() - before, 180);
+}
+
+TEST_F(RedisChangeLogTest, AMemberWhoseLeaseEndsLeavesEveryView) {
+  ASSERT_THAT(writer_
+                  ->Poll(ctx_, {.kinds = {{"vm", {"x/vm/0"}}},
+                                .lease = absl::Milliseconds(100),
+                                .min_version = version_})
+                  .status(),
+              IsOk());
+  auto t = writer_->Grant(ctx_, "vm", "x/vm/0", {0, 10}, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  ExpectReaderSeesWhatAFullReadSees("granted");
+  EXPECT_TRUE(AwaitCondition([&] {
+    auto v = Poll(*reader_, {"r/vm/0"});
+    return v.ok() && !v->kinds["vm"].held.contains("x/vm/0") &&
+           v->kinds["vm"].members == std::vector<std::string>{"r/vm/0"};
+  }));
+  ExpectReaderSeesWhatAFullReadSees("expired");
+}
+
+TEST_F(RedisChangeLogTest, OwnRecordsComeFromRedisEvenWhenWrittenPastTheLog) {
+  ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
+  auto t = reader_->Grant(ctx_, "vm", "r/vm/0", {0, 10}, epoch_);
+  ASSERT_THAT(t.status(), IsOk());
+  auto v = Poll(*reader_, {"r/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  ASSERT_TRUE(v->kinds["vm"].held.contains("r/vm/0"));
+  const int64_t with_changes = reader_->polls_with_changes_only();
+  // Someone else drops the record without the scripts: the very next poll
+  // must not show it (the lease protocol stops the node on that).
+  Raw(server_.address(), {"HDEL", Key("held"), "r/vm/0"});
+  v = Poll(*reader_, {"r/vm/0"});
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_FALSE(v->kinds["vm"].held.contains("r/vm/0"));
+  // It disagreed with the cached view: that poll read everything.
+  EXPECT_EQ(reader_->polls_with_changes_only(), with_changes);
+  ExpectReaderSeesWhatAFullReadSees("after the hand edit");
+}
+
+TEST_F(RedisChangeLogTest, OthersRecordsWrittenPastTheLogAreSeenAtAFullRead) {
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  auto logger = std::make_shared<spdlog::logger>("reader", sink);
+  reader_ = Registry(server_.address(), logger);
+  ASSERT_THAT(Poll(*writer_, {"w/vm/0"}).status(), IsOk());
+  ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
+  // An older setpoint, or a hand edit, writes a record without logging it.
+  Raw(server_.address(), {"HSET", Key("held"), "w/vm/0", "0 5 7"});
+  int polls = 0;
+  EXPECT_TRUE(AwaitCondition([&] {
+    ++polls;
+    auto v = Poll(*reader_, {"r/vm/0"});
+    return v.ok() && v->kinds["vm"].held.contains("w/vm/0");
+  }));
+  EXPECT_LE(polls, 16);
+  bool warned = false;
+  for (const std::string& line : sink->last_formatted()) {
+    if (line.find("without an entry in the change log") != std::string::npos) {
+      warned = true;
+    }
+  }
+  EXPECT_TRUE(warned);
+}
+
+TEST_F(RedisChangeLogTest, AViewOlderThanTheLogReadsEverything) {
+  ASSERT_THAT(Poll(*writer_, {"w/vm/0"}).status(), IsOk());
+  ExpectReaderSeesWhatAFullReadSees("start");
+  // More changes than the log keeps (4096): grant and release 2100 times.
+  for (int k = 0; k < 2100; ++k) {
+    auto t = writer_->Grant(ctx_, "vm", "w/vm/0",
+                            {0, static_cast<uint32_t>(1 + k % 7)}, epoch_);
+    ASSERT_THAT(t.status(), IsOk());
+    if (k + 1 < 2100) {
+      ASSERT_THAT(writer_->Release(ctx_, "vm", "w/vm/0", {}), IsOk());
+    }
+  }
+  EXPECT_EQ(Raw(server_.address(), {"LLEN", Key("changes")}).integer, 4096);
+  const int64_t with_changes = reader_->polls_with_changes_only();
+  ExpectReaderSeesWhatAFullReadSees("after 4200 changes");
+  EXPECT_EQ(reader_->polls_with_changes_only(), with_changes);
+  // From there on, changes again.
+  ASSERT_THAT(writer_->Release(ctx_, "vm", "w/vm/0", {}), IsOk());
+  ExpectReaderSeesWhatAFullReadSees("one more");
+  EXPECT_EQ(reader_->polls_with_changes_only(), with_changes + 1);
+}
+
+TEST_F(RedisChangeLogTest, GarbageInTheLogIsNamedAndCostsAFullRead) {
+  ASSERT_THAT(Poll(*writer_, {"w/vm/0"}).status(), IsOk());
+  ExpectReaderSeesWhatAFullReadSees("start");
+  // An entry that is not ours, then a real change after it.
+  Raw(server_.address(), {"RPUSH", Key("changes"), "not an entry"});
+  Raw(server_.address(), {"INCR", Key("changes_seq")});
+  ASSERT_THAT(writer_->Grant(ctx_, "vm", "w/vm/0", {0, 4}, epoch_).status(),
+              IsOk());
+  ExpectReaderSeesWhatAFullReadSees("after the garbage entry");
+  // The wrong type in the log's keys is refused naming the key, as in every
+  // other key of ours, and polls work again once it is removed.
+  Raw(server_.address(), {"DEL", Key("changes")});
+  Raw(server_.address(), {"SET", Key("changes"), "x"});
+  EXPECT_THAT(Poll(*reader_, {"r/vm/0"}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("changes")));
+  Raw(server_.address(), {"DEL", Key("changes")});
+  ExpectReaderSeesWhatAFullReadSees("after the key was removed");
+}
+
+}  // namespace
+}  // namespace setpoint
