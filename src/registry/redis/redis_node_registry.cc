@@ -492,26 +492,25 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
 
 absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(
     const Context& ctx, const PollRequest& request, bool* again) {
-  Impl& d = *this;
   *again = false;
   std::vector<std::string> keys = {
-      d.Key("epoch"),   d.Key("grants_from"), d.Key("run"),    d.Key("version"),
-      d.Key("drained"), d.Key("kinds"),       d.Key("clamped")};
+      Key("epoch"),   Key("grants_from"), Key("run"),    Key("version"),
+      Key("drained"), Key("kinds"),       Key("clamped")};
   std::vector<std::string> args = {
       // A new id each time: the one written when a new epoch starts must
       // differ from every epoch anyone saw before.
       absl::StrCat(absl::ToInt64Milliseconds(request.lease)),
       RandomEpoch(),
-      d.channel,
+      channel,
       absl::StrCat(request.kinds.size()),
       absl::StrCat(request.min_version),
-      d.instance,
+      instance,
       request.own_held_only ? "1" : "0",
-      d.cache.epoch()};
+      cache.epoch()};
   std::vector<std::string> polled;
   for (const auto& [kind, ids] : request.kinds) {
     polled.push_back(kind);
-    d.PushKindKeys(kind, &keys);
+    PushKindKeys(kind, &keys);
     args.push_back(kind);
     auto ring = request.ring_sizes.find(kind);
     args.push_back(ring == request.ring_sizes.end()
@@ -522,25 +521,25 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(
                        ? std::string()
                        : absl::StrCat(token->second));
     std::optional<uint64_t> since =
-        request.own_held_only ? std::nullopt : d.cache.Since(kind);
+        request.own_held_only ? std::nullopt : cache.Since(kind);
     args.push_back(since.has_value() ? absl::StrCat(*since) : std::string());
     args.push_back(absl::StrCat(ids.size()));
     args.insert(args.end(), ids.begin(), ids.end());
   }
   // Errors are returned, not logged (the manager logs them, rate-limited).
-  absl::StatusOr<RedisReply> reply = d.Eval(ctx, d.poll, keys, args, "poll");
+  absl::StatusOr<RedisReply> reply = Eval(ctx, poll, keys, args, "poll");
   if (!reply.ok()) return reply.status();
   absl::StatusOr<redis::DecodedPoll> decoded =
       redis::DecodePollReply(*reply, polled);
   if (!decoded.ok()) return decoded.status();
-  const bool merged = d.cache.Merge(&*decoded, request, &decoded->warnings);
-  d.change_polls.store(d.cache.change_polls(), std::memory_order_relaxed);
-  for (const std::string& w : decoded->warnings) d.WarnLimited(w);
+  const bool merged = cache.Merge(&*decoded, request, &decoded->warnings);
+  change_polls.store(cache.change_polls(), std::memory_order_relaxed);
+  for (const std::string& w : decoded->warnings) WarnLimited(w);
   if (!decoded->new_epoch_reason.empty()) {
-    SPDLOG_LOGGER_INFO(d.logger,
+    SPDLOG_LOGGER_INFO(logger,
                        "registry started a new epoch prefix={} "
                        "epoch={} version={}: {}",
-                       d.prefix, decoded->result.epoch, decoded->result.version,
+                       prefix, decoded->result.epoch, decoded->result.version,
                        decoded->new_epoch_reason);
   }
   if (!merged) {
