@@ -64,7 +64,7 @@ absl::StatusOr<LoggedChange> ParseLoggedChange(absl::string_view entry);
 struct KindAnswer {
   bool changes_only = false;
   std::optional<uint64_t> seq;
-  std::vector<LoggedChange> changes;
+  std::vector<LoggedChange> changes = {};
   // Changes only, and some entry did not parse (named in the warnings).
   bool broken = false;
 };

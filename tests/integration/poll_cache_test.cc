@@ -1,0 +1,118 @@
+// PollCache on its own (no Redis): how it merges the poll script's answers
+// into views, and when it refuses to.
+#include "registry/redis/poll_cache.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace setpoint::redis {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const PollRequest kRequest{.kinds = {{"vm", {"a/vm/0"}}}};
+
+// A full answer for "vm" at `seq`: members and records as given.
+DecodedPoll Full(uint64_t seq, std::vector<std::string> members,
+                 std::map<std::string, Assignment> held,
+                 const std::string& epoch = "e1") {
+  DecodedPoll d;
+  d.result.epoch = epoch;
+  d.result.kinds["vm"] = KindView{std::move(members), std::move(held)};
+  d.answers["vm"] = KindAnswer{.changes_only = false, .seq = seq};
+  return d;
+}
+
+// Changes only, up to `seq`, with the caller's own records.
+DecodedPoll Changes(uint64_t seq, std::vector<LoggedChange> changes,
+                    std::map<std::string, Assignment> own = {}) {
+  DecodedPoll d;
+  d.result.epoch = "e1";
+  d.result.kinds["vm"] = KindView{{}, std::move(own)};
+  d.answers["vm"] = KindAnswer{
+      .changes_only = true, .seq = seq, .changes = std::move(changes)};
+  return d;
+}
+
+TEST(PollCacheTest, AppliesJoinsRecordsAndLeavesInOrder) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0", "b/vm/0"}, {{"b/vm/0", {{0, 4}, 9}}});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  EXPECT_EQ(cache.epoch(), "e1");
+  EXPECT_EQ(cache.Since("vm"), 5u);
+  DecodedPoll next = Changes(8, {{6, '+', "c/vm/0", ""},
+                                 {7, 'h', "c/vm/0", "4 8 10"},
+                                 {8, '-', "b/vm/0", ""}});
+  ASSERT_TRUE(cache.Merge(&next, kRequest, &warnings));
+  EXPECT_THAT(next.result.kinds["vm"].members, ElementsAre("a/vm/0", "c/vm/0"));
+  EXPECT_THAT(next.result.kinds["vm"].held,
+              ElementsAre(std::pair<const std::string, Assignment>(
+                  "c/vm/0", Assignment{{4, 8}, 10})));
+  EXPECT_EQ(cache.Since("vm"), 8u);
+  EXPECT_THAT(warnings, IsEmpty());
+  EXPECT_EQ(cache.change_polls(), 1);
+  EXPECT_EQ(cache.changes_applied(), 3);
+}
+
+TEST(PollCacheTest, AGapOrAnOwnRecordThatDisagreesDropsEverything) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0"}, {{"a/vm/0", {{0, 4}, 9}}});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  // Seq 6 is missing.
+  DecodedPoll gap =
+      Changes(7, {{7, 'd', "x/vm/0", ""}}, {{"a/vm/0", {{0, 4}, 9}}});
+  EXPECT_FALSE(cache.Merge(&gap, kRequest, &warnings));
+  EXPECT_EQ(cache.Since("vm"), std::nullopt);
+  // Again from a full read; then the own record read with the changes is
+  // not what the view says.
+  DecodedPoll again = Full(7, {"a/vm/0"}, {{"a/vm/0", {{0, 4}, 9}}});
+  ASSERT_TRUE(cache.Merge(&again, kRequest, &warnings));
+  DecodedPoll edited = Changes(7, {}, {});
+  EXPECT_FALSE(cache.Merge(&edited, kRequest, &warnings));
+  EXPECT_THAT(warnings, ElementsAre(HasSubstr("a/vm/0")));
+  EXPECT_EQ(cache.Since("vm"), std::nullopt);
+  EXPECT_EQ(cache.change_polls(), 0);
+}
+
+TEST(PollCacheTest, AnotherEpochOrAnUncacheableReadForgetsTheView) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0"}, {});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  DecodedPoll other = Full(2, {"a/vm/0"}, {}, "e2");
+  ASSERT_TRUE(cache.Merge(&other, kRequest, &warnings));
+  EXPECT_EQ(cache.epoch(), "e2");
+  EXPECT_EQ(cache.Since("vm"), 2u);
+  DecodedPoll far = Full(3, {"a/vm/0"}, {}, "e2");
+  far.answers["vm"].seq.reset();  // Members beyond the horizon.
+  ASSERT_TRUE(cache.Merge(&far, kRequest, &warnings));
+  EXPECT_EQ(cache.Since("vm"), std::nullopt);
+}
+
+TEST(PollCacheTest, EverySixteenthPollReadsEverythingAndNamesWhatItMissed) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0", "b/vm/0"}, {});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  for (int i = 1; i < 16; ++i) {
+    ASSERT_EQ(cache.Since("vm"), 5u) << i;
+    DecodedPoll none = Changes(5, {});
+    ASSERT_TRUE(cache.Merge(&none, kRequest, &warnings));
+  }
+  EXPECT_EQ(cache.Since("vm"), std::nullopt);
+  // The full read at the same seq holds a record the log never carried.
+  DecodedPoll full = Full(5, {"a/vm/0", "b/vm/0"}, {{"b/vm/0", {{0, 1}, 3}}});
+  ASSERT_TRUE(cache.Merge(&full, kRequest, &warnings));
+  EXPECT_THAT(warnings, ElementsAre(HasSubstr("without an entry")));
+  EXPECT_EQ(cache.Since("vm"), 5u);
+}
+
+}  // namespace
+}  // namespace setpoint::redis
