@@ -509,14 +509,14 @@ return token
 )lua";
 
 // KEYS: epoch, grants_from, run, version, then members, held, token,
-// changes, changes_seq per kind. ARGV: channel, message, epoch, kinds, then per kind: kind,
-// releases n, n x (node, kept runs "<b> <e> ..." ('' for none), token),
-// grants m, m x (node, runs).
-// Runs every release as kReleaseScript does, then every grant as
-// kGrantScript does (each seeing the ones before it), and announces once
-// if a release changed anything: "<message>\tf\t<kind>\t<b>-<e>,..." names
-// the shards that became free. Returns one array per kind: a result per
-// release, then per grant: 'OK', 'T <token>' or 'E <error>'.
+// changes, changes_seq per kind. ARGV: channel, message, epoch, kinds, then per
+// kind: kind, releases n, n x (node, kept runs "<b> <e> ..." ('' for none),
+// token), grants m, m x (node, runs). Runs every release as kReleaseScript
+// does, then every grant as kGrantScript does (each seeing the ones before it),
+// and announces once if a release changed anything:
+// "<message>\tf\t<kind>\t<b>-<e>,..." names the shards that became free.
+// Returns one array per kind: a result per release, then per grant: 'OK', 'T
+// <token>' or 'E <error>'.
 extern const char kHandoffScript[] = R"lua(
 for i = 1, 4 do
   local e = wrong_type(KEYS[i], 'string')
