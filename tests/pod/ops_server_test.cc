@@ -113,6 +113,15 @@ TEST_F(OpsServerTest, BadRequestsGet4xxAndAThrowingHandlerA500) {
 
 TEST_F(OpsServerTest, ManyClientsAtOnceAreAllServed) {
   Start();
+  // One request first, on this thread: the HTTP client library sets up
+  // its shared parsing state on first use, in code ThreadSanitizer does not
+  // see, and 16 threads doing that at once read as a race in it.
+  {
+    httplib::Client warm("127.0.0.1", server_->port());
+    auto res = warm.Get("/healthz");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+  }
   std::vector<std::thread> clients;
   std::atomic<int> ok{0};
   for (int i = 0; i < 16; ++i) {
