@@ -60,6 +60,27 @@ TEST(PollCacheTest, AppliesJoinsRecordsAndLeavesInOrder) {
   EXPECT_EQ(cache.changes_applied(), 3);
 }
 
+TEST(PollCacheTest, ARecordOfAnIdThatIsNotAMemberShowsOnceItJoins) {
+  // As a full read: records of non-members are out of view, not gone.
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0"}, {});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  DecodedPoll record = Changes(6, {{6, 'h', "c/vm/0", "0 4 11"}});
+  ASSERT_TRUE(cache.Merge(&record, kRequest, &warnings));
+  EXPECT_THAT(record.result.kinds["vm"].held, IsEmpty());
+  DecodedPoll join = Changes(7, {{7, '+', "c/vm/0", ""}});
+  ASSERT_TRUE(cache.Merge(&join, kRequest, &warnings));
+  EXPECT_THAT(join.result.kinds["vm"].members, ElementsAre("a/vm/0", "c/vm/0"));
+  EXPECT_THAT(join.result.kinds["vm"].held,
+              ElementsAre(std::pair<const std::string, Assignment>(
+                  "c/vm/0", Assignment{{0, 4}, 11})));
+  DecodedPoll leave = Changes(8, {{8, '-', "c/vm/0", ""}});
+  ASSERT_TRUE(cache.Merge(&leave, kRequest, &warnings));
+  EXPECT_THAT(leave.result.kinds["vm"].held, IsEmpty());
+  EXPECT_THAT(warnings, IsEmpty());
+}
+
 TEST(PollCacheTest, AGapOrAnOwnRecordThatDisagreesDropsEverything) {
   PollCache cache;
   std::vector<std::string> warnings;

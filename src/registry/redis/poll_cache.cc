@@ -20,14 +20,7 @@ void PollCache::Clear() {
 }
 
 KindView PollCache::ViewOf(const Kind& k) {
-  KindView view;
-  view.members = k.members;
-  for (const auto& [id, a] : k.held) {
-    if (std::binary_search(k.members.begin(), k.members.end(), id)) {
-      view.held.emplace_hint(view.held.end(), id, a);
-    }
-  }
-  return view;
+  return KindView{k.members, k.held};
 }
 
 bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
@@ -55,7 +48,7 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
               full_every_, "th poll"));
         }
       }
-      if (!answer.seq.has_value() || request.own_held_only) {
+      if (!answer.seq.has_value()) {  // Not cacheable ('o' has no seq).
         if (cached != kinds_.end()) kinds_.erase(cached);
         continue;
       }
@@ -63,6 +56,7 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
       k.seq = *answer.seq;
       k.members = view.members;
       k.held = view.held;
+      k.orphans.clear();
       k.polls = 0;
       continue;
     }
@@ -86,6 +80,11 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
                 std::lower_bound(k.members.begin(), k.members.end(), c.id);
             if (pos == k.members.end() || *pos != c.id) {
               k.members.insert(pos, c.id);
+              // A record written before its node joined is now in view.
+              if (auto o = k.orphans.find(c.id); o != k.orphans.end()) {
+                k.held[c.id] = std::move(o->second);
+                k.orphans.erase(o);
+              }
             }
           }
           break;
@@ -93,19 +92,22 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
           auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
           if (pos != k.members.end() && *pos == c.id) k.members.erase(pos);
           k.held.erase(c.id);
+          k.orphans.erase(c.id);
           break;
         }
         case 'h': {
+          k.held.erase(c.id);
+          k.orphans.erase(c.id);
           absl::StatusOr<Assignment> a = ParseHeld(c.value);
-          if (a.ok()) {
-            k.held[c.id] = *std::move(a);
-          } else {
-            k.held.erase(c.id);
-          }
+          if (!a.ok()) break;  // Left out, as a full read leaves it out.
+          const bool member =
+              std::binary_search(k.members.begin(), k.members.end(), c.id);
+          (member ? k.held : k.orphans)[c.id] = *std::move(a);
           break;
         }
         default:  // 'd' (ParseLoggedChange allows no other op).
           k.held.erase(c.id);
+          k.orphans.erase(c.id);
           break;
       }
     }

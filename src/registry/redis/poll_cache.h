@@ -61,9 +61,12 @@ class PollCache {
  private:
   struct Kind {
     uint64_t seq = 0;
-    std::vector<std::string> members;        // Sorted, usable ids only.
-    std::map<std::string, Assignment> held;  // Records that parse.
-    int polls = 0;                           // Since the last full read.
+    std::vector<std::string> members;  // Sorted, usable ids only.
+    // Records that parse, of members (the view's), and of ids that are not
+    // members (out of view until they join, as in a full read).
+    std::map<std::string, Assignment> held;
+    std::map<std::string, Assignment> orphans;
+    int polls = 0;  // Since the last full read.
   };
   static KindView ViewOf(const Kind& k);
 

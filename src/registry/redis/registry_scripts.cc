@@ -148,9 +148,9 @@ local function log_change(logkey, seqkey, op, id, value)
   if not n or n < 0 or n >= 2^52 or n ~= math.floor(n) then n = 0 end
   n = n + 1
   redis.call('SET', seqkey, num(n))
-  redis.call('RPUSH', logkey,
-             num(n) .. ' ' .. op .. ' ' .. #id .. ' ' .. id .. (value or ''))
-  if redis.call('LLEN', logkey) > CHANGES_MAX then
+  local len = redis.call('RPUSH', logkey,
+    num(n) .. ' ' .. op .. ' ' .. #id .. ' ' .. id .. (value or ''))
+  if len > CHANGES_MAX then
     redis.call('LTRIM', logkey, -CHANGES_MAX, -1)
   end
 end
