@@ -297,6 +297,14 @@ std::vector<std::string> Prefixes(
   return out;
 }
 
+// CPU seconds this process (every pod of the bench) has used so far.
+double ProcessCpu() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 double LoadAverage() {
   double load[1] = {0};
   return getloadavg(load, 1) == 1 ? load[0] : -1;
@@ -459,6 +467,7 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
       steps_limit > 0 ? std::min(steps_limit, pods) : (quick ? 3 : pods);
   RedisStats roll_before = ReadStats(address);
   FleetStats fleet_before = SumStats(fleet);
+  const double cpu_before = ProcessCpu();
   auto roll_start = Clock::now();
   for (int i = 0; i < roll; ++i) {
     auto step_start = Clock::now();
@@ -484,6 +493,15 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
   }
   RedisStats roll_after = ReadStats(address);
   FleetStats fleet_after = SumStats(fleet);
+  const double roll_seconds =
+      std::chrono::duration<double>(Clock::now() - roll_start).count();
+  // Where the machine's time went: the pods (this process) and Redis, as
+  // cores busy on average over the restart.
+  std::printf(
+      "rolling restart  cpu: pods=%.2f cores redis=%.2f cores (of %u)\n",
+      (ProcessCpu() - cpu_before) / roll_seconds,
+      (roll_after.cpu - roll_before.cpu) / roll_seconds,
+      std::thread::hardware_concurrency());
   std::printf(
       "rolling restart  pods=%d took %.0f ms load=%.1f; per step: round "
       "trips=%.0f polls=%.0f grant refusals=%.0f grant retries=%.0f "

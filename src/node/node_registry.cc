@@ -51,16 +51,20 @@ absl::flat_hash_map<std::string, ShardSet> KindTargets(
                         ? &rec->second.range
                         : nullptr);
   }
-  std::vector<ShardSet> shares = AssignSortedShards(holds, ring_size);
-  absl::flat_hash_map<std::string, ShardSet> out;
+  // Only the asked ids' shares are built: the rest of the fleet is counted.
+  std::vector<size_t> wanted;
+  wanted.reserve(ids.size());
   for (const std::string& id : ids) {
     auto it = std::lower_bound(
         share.begin(), share.end(), id,
         [](const std::string* a, const std::string& b) { return *a < b; });
-    out[id] = it != share.end() && **it == id
-                  ? shares[static_cast<size_t>(it - share.begin())]
-                  : ShardSet{};
+    wanted.push_back(it != share.end() && **it == id
+                         ? static_cast<size_t>(it - share.begin())
+                         : share.size());  // Not sharing: nothing.
   }
+  std::vector<ShardSet> shares = AssignSortedShards(holds, ring_size, wanted);
+  absl::flat_hash_map<std::string, ShardSet> out;
+  for (size_t i = 0; i < ids.size(); ++i) out[ids[i]] = std::move(shares[i]);
   return out;
 }
 

@@ -156,22 +156,6 @@ std::string ShardSet::RunsJson() const {
   return out + "]";
 }
 
-namespace {
-
-// The lowest `n` shards of `set`.
-ShardSet Lowest(const ShardSet& set, uint64_t n) {
-  std::vector<ShardRange> out;
-  for (const ShardRange& r : set.runs()) {
-    if (n == 0) break;
-    const uint64_t take = std::min<uint64_t>(n, r.size());
-    out.push_back({r.begin, static_cast<uint32_t>(r.begin + take)});
-    n -= take;
-  }
-  return ShardSet::Of(std::move(out));
-}
-
-}  // namespace
-
 absl::flat_hash_map<std::string, ShardSet> AssignShards(
     std::vector<std::string> node_ids, uint32_t ring_size,
     const std::map<std::string, ShardSet>& held) {
@@ -193,10 +177,20 @@ absl::flat_hash_map<std::string, ShardSet> AssignShards(
 
 std::vector<ShardSet> AssignSortedShards(
     const std::vector<const ShardSet*>& held, uint32_t ring_size) {
+  std::vector<size_t> all(held.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return AssignSortedShards(held, ring_size, all);
+}
+
+std::vector<ShardSet> AssignSortedShards(
+    const std::vector<const ShardSet*>& held, uint32_t ring_size,
+    const std::vector<size_t>& wanted) {
+  // Counts and offsets for every id, sets only for the wanted ones: a pod
+  // asks for its own few nodes out of the whole fleet, so nothing here
+  // allocates per id.
   const size_t n = held.size();
-  std::vector<ShardSet> out(n);
+  std::vector<ShardSet> out(wanted.size());
   if (n == 0) return out;
-  const ShardSet ring = ShardRange{0, ring_size};
 
   // What each id holds inside the ring; where records overlap, the first
   // holder in ring order keeps the shards (ties: the lower id).
@@ -207,23 +201,27 @@ std::vector<ShardSet> AssignSortedShards(
   std::vector<Run> runs;
   for (size_t i = 0; i < n; ++i) {
     if (held[i] == nullptr) continue;
-    const ShardSet inside = held[i]->Intersect(ring);
-    for (const ShardRange& r : inside.runs()) runs.push_back({r, i});
+    for (const ShardRange& r : held[i]->runs()) {
+      const ShardRange inside{r.begin, std::min(r.end, ring_size)};
+      if (!inside.Empty()) runs.push_back({inside, i});
+    }
   }
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
     return a.range.begin != b.range.begin ? a.range.begin < b.range.begin
                                           : a.id < b.id;
   });
-  std::vector<std::vector<ShardRange>> holds(n);
+  // Cut to what each keeps of the overlaps: disjoint, in ring order.
+  std::vector<uint64_t> has(n, 0);
+  size_t kept_runs = 0;
   uint32_t covered = 0;
   for (const Run& r : runs) {
-    ShardRange mine{std::max(r.range.begin, covered), r.range.end};
+    const ShardRange mine{std::max(r.range.begin, covered), r.range.end};
     if (mine.Empty()) continue;
-    holds[r.id].push_back(mine);
+    runs[kept_runs++] = {mine, r.id};
+    has[r.id] += mine.size();
     covered = mine.end;
   }
-  std::vector<ShardSet> has(n);
-  for (size_t i = 0; i < n; ++i) has[i] = ShardSet::Of(std::move(holds[i]));
+  runs.resize(kept_runs);
 
   // Shares: q each, q + 1 for R % n ids: those holding more than q first,
   // then those holding less, each in id order.
@@ -231,44 +229,79 @@ std::vector<ShardSet> AssignSortedShards(
   uint64_t extra = ring_size % n;
   std::vector<uint64_t> share(n, q);
   for (size_t i = 0; i < n && extra > 0; ++i) {
-    if (has[i].size() > q) {
+    if (has[i] > q) {
       share[i] = q + 1;
       --extra;
     }
   }
   for (size_t i = 0; i < n && extra > 0; ++i) {
-    if (has[i].size() <= q) {
+    if (has[i] <= q) {
       share[i] = q + 1;
       --extra;
     }
   }
 
-  // Each keeps its lowest shards up to its share; the rest of the ring, in
-  // shard order, fills the missing parts in id order.
-  std::vector<ShardSet> kept(n);
-  std::vector<ShardRange> all_kept;
-  for (size_t i = 0; i < n; ++i) {
-    kept[i] = Lowest(has[i], share[i]);
-    all_kept.insert(all_kept.end(), kept[i].runs().begin(),
-                    kept[i].runs().end());
+  // Each keeps its lowest shards up to its share (its runs come in ring
+  // order); the rest of the ring, in shard order, is the pool.
+  std::vector<uint64_t> left = share;  // Of its share, not yet kept.
+  std::vector<ShardRange> pool;
+  uint32_t at = 0;
+  size_t kept = 0;
+  for (const Run& r : runs) {
+    const uint64_t take = std::min<uint64_t>(left[r.id], r.range.size());
+    if (take == 0) continue;
+    left[r.id] -= take;
+    const ShardRange k{r.range.begin,
+                       static_cast<uint32_t>(r.range.begin + take)};
+    if (k.begin > at) pool.push_back({at, k.begin});
+    at = k.end;
+    runs[kept++] = {k, r.id};
   }
-  const ShardSet pool = ring.Minus(ShardSet::Of(std::move(all_kept)));
-  size_t run = 0;
-  uint32_t at = pool.runs().empty() ? 0 : pool.runs()[0].begin;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t need = share[i] - kept[i].size();
-    std::vector<ShardRange> got = kept[i].runs();
-    while (need > 0 && run < pool.runs().size()) {
-      const ShardRange& r = pool.runs()[run];
-      const uint64_t take = std::min<uint64_t>(need, r.end - at);
-      got.push_back({at, static_cast<uint32_t>(at + take)});
-      at += static_cast<uint32_t>(take);
-      need -= take;
-      if (at == r.end && ++run < pool.runs().size()) {
-        at = pool.runs()[run].begin;
-      }
+  if (at < ring_size) pool.push_back({at, ring_size});
+  runs.resize(kept);
+
+  // The pool is cut into the missing parts in id order: id i's part starts
+  // where the parts of the ids before it end.
+  std::vector<uint64_t> pool_end(pool.size());  // Shards up to each run's end.
+  uint64_t total = 0;
+  for (size_t p = 0; p < pool.size(); ++p) {
+    total += pool[p].size();
+    pool_end[p] = total;
+  }
+  std::vector<uint64_t> part_begin(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) part_begin[i + 1] = part_begin[i] + left[i];
+
+  // The kept runs grouped by id (a counting sort: still in ring order).
+  std::vector<size_t> by_id_begin(n + 1, 0);
+  for (const Run& r : runs) ++by_id_begin[r.id + 1];
+  for (size_t i = 0; i < n; ++i) by_id_begin[i + 1] += by_id_begin[i];
+  std::vector<ShardRange> by_id(runs.size());
+  {
+    std::vector<size_t> next(by_id_begin.begin(), by_id_begin.end() - 1);
+    for (const Run& r : runs) by_id[next[r.id]++] = r.range;
+  }
+
+  for (size_t w = 0; w < wanted.size(); ++w) {
+    const size_t i = wanted[w];
+    if (i >= n) continue;
+    std::vector<ShardRange> got(by_id.begin() + by_id_begin[i],
+                                by_id.begin() + by_id_begin[i + 1]);
+    uint64_t from = part_begin[i];
+    const uint64_t to = std::min(part_begin[i + 1], total);
+    // The first pool run that ends after `from`.
+    size_t p = static_cast<size_t>(
+        std::upper_bound(pool_end.begin(), pool_end.end(), from) -
+        pool_end.begin());
+    while (from < to && p < pool.size()) {
+      const uint64_t run_start = pool_end[p] - pool[p].size();
+      const uint64_t upto = std::min(to, pool_end[p]);
+      got.push_back(
+          {static_cast<uint32_t>(pool[p].begin + (from - run_start)),
+           static_cast<uint32_t>(pool[p].begin + (upto - run_start))});
+      from = upto;
+      ++p;
     }
-    out[i] = ShardSet::Of(std::move(got));
+    out[w] = ShardSet::Of(std::move(got));
   }
   return out;
 }

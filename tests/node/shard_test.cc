@@ -201,6 +201,97 @@ uint32_t Moved(const std::map<std::string, ShardSet>& before,
   return moved;
 }
 
+// The rule as its header states it, one shard at a time: the reference the
+// run-by-run implementation must agree with.
+std::vector<ShardSet> AssignShardByShard(
+    const std::vector<const ShardSet*>& held, uint32_t ring) {
+  const size_t n = held.size();
+  // A shard's holder: of the runs containing it, the one that begins
+  // lowest (ties: the lower id).
+  std::vector<size_t> holder(ring, n);
+  for (uint32_t s = 0; s < ring; ++s) {
+    uint32_t best_begin = ring;
+    for (size_t i = 0; i < n; ++i) {
+      if (held[i] == nullptr) continue;
+      for (const ShardRange& r : held[i]->runs()) {
+        if (r.begin <= s && s < r.end && r.begin < best_begin) {
+          best_begin = r.begin;
+          holder[s] = i;
+        }
+      }
+    }
+  }
+  std::vector<uint32_t> has(n, 0);
+  for (uint32_t s = 0; s < ring; ++s) {
+    if (holder[s] < n) ++has[holder[s]];
+  }
+  std::vector<uint32_t> share(n, ring / static_cast<uint32_t>(n));
+  uint32_t extra = ring % static_cast<uint32_t>(n);
+  for (size_t i = 0; i < n && extra > 0; ++i) {
+    if (has[i] > ring / n) ++share[i], --extra;
+  }
+  for (size_t i = 0; i < n && extra > 0; ++i) {
+    if (has[i] <= ring / n) ++share[i], --extra;
+  }
+  std::vector<std::vector<ShardRange>> got(n);
+  std::vector<uint32_t> count(n, 0);
+  std::vector<uint32_t> pool;
+  for (uint32_t s = 0; s < ring; ++s) {  // Lowest first: the kept ones.
+    const size_t h = holder[s];
+    if (h < n && count[h] < share[h]) {
+      got[h].push_back({s, s + 1});
+      ++count[h];
+    } else {
+      pool.push_back(s);
+    }
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (; count[i] < share[i]; ++count[i]) {
+      got[i].push_back({pool[next], pool[next] + 1});
+      ++next;
+    }
+  }
+  std::vector<ShardSet> out;
+  for (auto& runs : got) out.push_back(ShardSet::Of(std::move(runs)));
+  return out;
+}
+
+TEST(AssignShardsTest, AgreesWithTheRuleShardByShard) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 2000; ++round) {
+    const uint32_t ring = std::uniform_int_distribution<uint32_t>(1, 200)(rng);
+    const size_t n = std::uniform_int_distribution<size_t>(1, 12)(rng);
+    std::vector<ShardSet> sets(n);
+    std::vector<const ShardSet*> held(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      if (rng() % 4 == 0) continue;  // Holds nothing.
+      std::vector<ShardRange> runs;
+      for (int k = std::uniform_int_distribution<int>(0, 3)(rng); k > 0; --k) {
+        // Overlapping, past the ring's end, empty: a registry's nonsense.
+        uint32_t b = std::uniform_int_distribution<uint32_t>(0, ring + 5)(rng);
+        uint32_t len =
+            std::uniform_int_distribution<uint32_t>(0, ring / 2 + 2)(rng);
+        runs.push_back({b, b + len});
+      }
+      sets[i] = ShardSet::Of(runs);
+      held[i] = &sets[i];
+    }
+    const std::vector<ShardSet> want = AssignShardByShard(held, ring);
+    ASSERT_EQ(AssignSortedShards(held, ring), want) << "round " << round;
+    // Only some ids asked for, in any order, some past the end.
+    std::vector<size_t> wanted;
+    for (size_t k = rng() % (n + 3); k > 0; --k)
+      wanted.push_back(rng() % (n + 2));
+    const std::vector<ShardSet> some = AssignSortedShards(held, ring, wanted);
+    ASSERT_EQ(some.size(), wanted.size());
+    for (size_t k = 0; k < wanted.size(); ++k) {
+      EXPECT_EQ(some[k], wanted[k] < n ? want[wanted[k]] : ShardSet{})
+          << "round " << round << " id " << wanted[k];
+    }
+  }
+}
+
 TEST(AssignShardsTest, NothingHeldIsTheEvenSplit) {
   for (uint32_t ring : {1u, 7u, 256u, 4096u}) {
     for (uint32_t n : {1u, 2u, 3u, 10u, 300u}) {

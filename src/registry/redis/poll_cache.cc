@@ -38,7 +38,7 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
                               answer.seq.has_value() &&
                               cached->second.seq == *answer.seq;
       if (comparable) {
-        const KindView mine = ViewOf(cached->second);
+        const Kind& mine = cached->second;
         if (mine.members != view.members || mine.held != view.held) {
           warnings->push_back(absl::StrCat(
               "kind ", name,
