@@ -173,17 +173,31 @@ void NodeManager::Wake(const ChangeNotice& notice) {
   // While the registry refuses grants (a new epoch), no change can be acted
   // on: the poll at grants_at_ sees them all.
   if (clock_->Now() < grants_at_) return;
+  if (notice.view_current && notice.membership) {
+    // Members came or went, and the registry's cached view has it: look
+    // at that view instead of polling (its records of our own nodes are
+    // ours, from our polls and handoffs). Within the nudge rate limit,
+    // like a poll.
+    ++stats_.views_from_notices;
+    view_changed_ = true;
+    nudge_arrived_ = true;
+    cv_.SignalAll();
+    return;
+  }
   if (!notice.membership) {
-    // Only releases: the targets stand, so no poll is needed. A node that
-    // waits to grow into freed shards asks again at once (one handoff, on
-    // the view of the last poll); everyone else ignores it.
+    // Only releases or grants: the targets stand, so no poll is needed. A
+    // node that waits to grow into freed shards asks again at once (one
+    // handoff); everyone else ignores it (a cached view that took it in
+    // shows it at the next look).
     for (const auto& [kind, freed] : notice.freed) {
       auto it = wants_.find(kind);
       if (it == wants_.end() || !it->second.Intersects(freed)) continue;
       // Within the nudge rate limit, like a poll: a flood of such messages
-      // is a bounded number of handoffs.
+      // is a bounded number of handoffs. On the cached view when it has
+      // the release.
       ++stats_.grant_retries;
       grant_retry_ = true;
+      view_changed_ = view_changed_ || notice.view_current;
       nudge_arrived_ = true;
       cv_.SignalAll();
       return;
@@ -292,12 +306,14 @@ void NodeManager::Loop(std::stop_token stop) {
       absl::Time now = clock_->Now();
       // One token per look, whether it polls (a membership change) or only
       // asks again for grants (freed shards): a poll's tick retries them too.
-      if (nudged_ || grant_retry_) {
+      if (nudged_ || grant_retry_ || view_changed_) {
         if (TakeNudgeToken(now)) {
           if (nudged_) poll_needed_ = true;
-          wake_ = wake_ || grant_retry_;
+          refresh_view_ = refresh_view_ || view_changed_;
+          wake_ = wake_ || grant_retry_ || view_changed_;
           nudged_ = false;
           grant_retry_ = false;
+          view_changed_ = false;
         } else if (nudge_arrived_) {
           ++stats_.nudges_deferred;
         }
@@ -321,7 +337,7 @@ void NodeManager::Loop(std::stop_token stop) {
       // Wake in time to fence if renewals keep failing (the relays fence
       // on their own too).
       if (working) next = std::min(next, FenceDeadline());
-      if (nudged_ || grant_retry_) {
+      if (nudged_ || grant_retry_ || view_changed_) {
         next =
             std::min(next, nudge_refilled_ + (1 - nudge_tokens_) *
                                                  (options_.poll_interval / 10));
@@ -347,7 +363,7 @@ void NodeManager::Tick() {
                       .min_version = max_version_,
                       .min_tokens = max_tokens_,
                       .own_held_only = false};
-  bool poll;
+  bool poll, refresh;
   {
     MutexLock l(&mu_);
     for (const auto& slot : slots_) {
@@ -358,6 +374,9 @@ void NodeManager::Tick() {
     }
     poll = poll_needed_ || !last_view_.has_value();
     poll_needed_ = false;
+    // A poll reads the changes too.
+    refresh = refresh_view_ && !poll;
+    refresh_view_ = false;
     // Every tick tries the grants that wait, so it answers a retry too.
     grant_retry_ = false;
     if (poll) {
@@ -366,6 +385,11 @@ void NodeManager::Tick() {
       next_poll_ = clock_->Now() + options_.poll_interval;
       if (clock_->Now() >= grants_at_) grants_at_ = absl::InfinitePast();
     }
+  }
+  if (refresh) {
+    RefreshFromCache();
+    SelfFence();
+    return;
   }
   if (!poll) {
     std::vector<Move> moves;
@@ -481,84 +505,118 @@ void NodeManager::Tick() {
   }
   if (result.ok()) {
     std::optional<PollResult> previous = std::move(last_view_);
-    std::map<std::string, std::map<std::string, ShardSet>> previous_targets =
-        std::move(last_targets_);
     last_view_ = std::move(*result);
-    last_targets_.clear();
-    for (const auto& [kind, view] : last_view_->kinds) {
-      uint64_t& seen = max_tokens_[kind];
-      for (const auto& [id, a] : view.held) seen = std::max(seen, a.token);
-    }
-    std::vector<Move> moves;
-    for (auto& [kind, view] : last_view_->kinds) {
-      uint32_t ring = kDefaultRingSize;
-      for (const auto& k : options_.kinds) {
-        if (k.kind == kind) ring = k.ring_size;
-      }
-      // Each node's target as AssignShards gives it over the ids that
-      // share the ring and what every live member holds: every pod that
-      // saw the same state computes the same targets.
-      // Nothing changed since the last poll (the steady state): the same
-      // targets, without computing them for the whole fleet again.
-      auto was = previous.has_value() ? previous->kinds.find(kind)
-                                      : decltype(previous->kinds.end()){};
-      auto was_targets = previous_targets.find(kind);
-      const bool same = previous.has_value() && was != previous->kinds.end() &&
-                        was_targets != previous_targets.end() &&
-                        previous->drained == last_view_->drained &&
-                        was->second.members == view.members &&
-                        was->second.held == view.held;
-      if (!same) {
-        std::optional<lease_protocol::ViewState> before;
-        if (previous.has_value()) {
-          before = lease_protocol::ViewState{
-              .epoch = &previous->epoch,
-              .drained = &previous->drained,
-              .kind = was != previous->kinds.end() ? &was->second : nullptr};
-        }
-        std::string why =
-            lease_protocol::MoveReason(before, {.epoch = &last_view_->epoch,
-                                                .drained = &last_view_->drained,
-                                                .kind = &view});
-        // Only others' releases and grants changed: the handoff under way
-        // goes on for the reason it began.
-        if (why != "none") move_reasons_[kind] = std::move(why);
-      }
-      std::vector<std::string> own;
-      for (const auto& slot : slots_) {
-        if (slot->info.kind == kind) own.push_back(slot->info.id);
-      }
-      absl::flat_hash_map<std::string, ShardSet> targets;
-      if (!same) targets = KindTargets(view, last_view_->drained, ring, own);
-      for (auto& slot : slots_) {
-        if (slot->info.kind != kind) continue;
-        {
-          MutexLock l(&mu_);
-          if (!slot->registered) continue;
-        }
-        ShardSet target;
-        if (same) {
-          if (auto it = was_targets->second.find(slot->info.id);
-              it != was_targets->second.end()) {
-            target = it->second;
-          } else {
-            targets = KindTargets(view, last_view_->drained, ring, own);
-          }
-        }
-        if (!same || !targets.empty()) {
-          if (auto it = targets.find(slot->info.id); it != targets.end()) {
-            target = it->second;
-          }
-        }
-        last_targets_[kind][slot->info.id] = target;
-        if (auto m = Step(*slot, view, target)) moves.push_back(*m);
-      }
-    }
-    Apply(moves);
+    Retarget(std::move(previous), std::move(last_targets_));
   } else {
     last_view_.reset();  // Act only on a fresh view once polls work again.
   }
   SelfFence();
+}
+
+void NodeManager::RefreshFromCache() {
+  if (!last_view_.has_value()) return;
+  // The view before, whole; the new one from the same poll's state with
+  // the cached kinds.
+  std::optional<PollResult> previous = std::move(last_view_);
+  std::map<std::string, KindView> kinds = std::move(previous->kinds);
+  previous->kinds.clear();
+  last_view_ = *previous;
+  previous->kinds = std::move(kinds);
+  for (const auto& [kind, was] : previous->kinds) {
+    std::optional<KindView> cached = options_.registry->CachedView(kind);
+    if (!cached.has_value()) {
+      last_view_->kinds[kind] = was;
+      continue;
+    }
+    // Our own records as our polls and handoffs left them: the cache
+    // hears of them only from announcements, which may lag our replies.
+    for (const auto& slot : slots_) {
+      if (slot->info.kind != kind) continue;
+      const std::string& id = slot->info.id;
+      cached->held.erase(id);
+      if (auto it = was.held.find(id); it != was.held.end()) {
+        cached->held.emplace(id, it->second);
+      }
+    }
+    last_view_->kinds[kind] = *std::move(cached);
+  }
+  Retarget(std::move(previous), std::move(last_targets_));
+}
+
+void NodeManager::Retarget(
+    std::optional<PollResult> previous,
+    std::map<std::string, std::map<std::string, ShardSet>> previous_targets) {
+  last_targets_.clear();
+  for (const auto& [kind, view] : last_view_->kinds) {
+    uint64_t& seen = max_tokens_[kind];
+    for (const auto& [id, a] : view.held) seen = std::max(seen, a.token);
+  }
+  std::vector<Move> moves;
+  for (auto& [kind, view] : last_view_->kinds) {
+    uint32_t ring = kDefaultRingSize;
+    for (const auto& k : options_.kinds) {
+      if (k.kind == kind) ring = k.ring_size;
+    }
+    // Each node's target as AssignShards gives it over the ids that
+    // share the ring and what every live member holds: every pod that
+    // saw the same state computes the same targets.
+    // Nothing changed since the last poll (the steady state): the same
+    // targets, without computing them for the whole fleet again.
+    auto was = previous.has_value() ? previous->kinds.find(kind)
+                                    : decltype(previous->kinds.end()){};
+    auto was_targets = previous_targets.find(kind);
+    const bool same = previous.has_value() && was != previous->kinds.end() &&
+                      was_targets != previous_targets.end() &&
+                      previous->drained == last_view_->drained &&
+                      was->second.members == view.members &&
+                      was->second.held == view.held;
+    if (!same) {
+      std::optional<lease_protocol::ViewState> before;
+      if (previous.has_value()) {
+        before = lease_protocol::ViewState{
+            .epoch = &previous->epoch,
+            .drained = &previous->drained,
+            .kind = was != previous->kinds.end() ? &was->second : nullptr};
+      }
+      std::string why =
+          lease_protocol::MoveReason(before, {.epoch = &last_view_->epoch,
+                                              .drained = &last_view_->drained,
+                                              .kind = &view});
+      // Only others' releases and grants changed: the handoff under way
+      // goes on for the reason it began.
+      if (why != "none") move_reasons_[kind] = std::move(why);
+    }
+    std::vector<std::string> own;
+    for (const auto& slot : slots_) {
+      if (slot->info.kind == kind) own.push_back(slot->info.id);
+    }
+    absl::flat_hash_map<std::string, ShardSet> targets;
+    if (!same) targets = KindTargets(view, last_view_->drained, ring, own);
+    for (auto& slot : slots_) {
+      if (slot->info.kind != kind) continue;
+      {
+        MutexLock l(&mu_);
+        if (!slot->registered) continue;
+      }
+      ShardSet target;
+      if (same) {
+        if (auto it = was_targets->second.find(slot->info.id);
+            it != was_targets->second.end()) {
+          target = it->second;
+        } else {
+          targets = KindTargets(view, last_view_->drained, ring, own);
+        }
+      }
+      if (!same || !targets.empty()) {
+        if (auto it = targets.find(slot->info.id); it != targets.end()) {
+          target = it->second;
+        }
+      }
+      last_targets_[kind][slot->info.id] = target;
+      if (auto m = Step(*slot, view, target)) moves.push_back(*m);
+    }
+  }
+  Apply(moves);
 }
 
 void NodeManager::SelfFence() {

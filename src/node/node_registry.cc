@@ -90,6 +90,10 @@ int64_t NodeRegistry::AddNoticeListener(
       [listener = std::move(listener)] { listener(ChangeNotice{}); });
 }
 
+std::optional<KindView> NodeRegistry::CachedView(const std::string&) {
+  return std::nullopt;
+}
+
 absl::StatusOr<HandoffResult> NodeRegistry::Handoff(
     const Context& ctx, const HandoffRequest& request) {
   HandoffResult out;

@@ -135,5 +135,43 @@ TEST(PollCacheTest, EverySixteenthPollReadsEverythingAndNamesWhatItMissed) {
   EXPECT_EQ(cache.Since("vm"), 5u);
 }
 
+TEST(PollCacheTest, AnnouncedChangesFollowTheViewOrWaitForAPoll) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  EXPECT_EQ(cache.Apply("vm", {{1, '+', "c/vm/0", ""}}),
+            PollCache::Applied::kNotCached);
+  EXPECT_EQ(cache.View("vm"), std::nullopt);
+  DecodedPoll first = Full(5, {"a/vm/0", "b/vm/0"}, {{"b/vm/0", {{0, 4}, 9}}});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  // Entries the poll read already are skipped; the new ones follow it.
+  EXPECT_EQ(cache.Apply("vm", {{4, '-', "z/vm/0", ""},
+                               {5, '+', "b/vm/0", ""},
+                               {6, '+', "c/vm/0", ""},
+                               {7, 'h', "c/vm/0", "4 8 10"}}),
+            PollCache::Applied::kApplied);
+  EXPECT_EQ(cache.seq("vm"), 7u);
+  EXPECT_EQ(cache.Apply("vm", {{8, 'd', "b/vm/0", ""}}),
+            PollCache::Applied::kApplied);
+  std::optional<KindView> view = cache.View("vm");
+  ASSERT_TRUE(view.has_value());
+  EXPECT_THAT(view->members, ElementsAre("a/vm/0", "b/vm/0", "c/vm/0"));
+  EXPECT_THAT(view->held, ElementsAre(std::pair<const std::string, Assignment>(
+                              "c/vm/0", Assignment{{4, 8}, 10})));
+  // A gap (entry 9 never arrived): nothing of it is applied, the view
+  // stays at 8, and the next poll asks for the changes since 8.
+  EXPECT_EQ(cache.Apply("vm", {{10, '-', "a/vm/0", ""}}),
+            PollCache::Applied::kGap);
+  EXPECT_EQ(cache.seq("vm"), 8u);
+  EXPECT_THAT(cache.View("vm")->members,
+              ElementsAre("a/vm/0", "b/vm/0", "c/vm/0"));
+  EXPECT_EQ(cache.Since("vm"), 8u);
+  DecodedPoll next =
+      Changes(10, {{9, '+', "d/vm/0", ""}, {10, '-', "a/vm/0", ""}});
+  ASSERT_TRUE(cache.Merge(&next, kRequest, &warnings));
+  EXPECT_THAT(next.result.kinds["vm"].members,
+              ElementsAre("b/vm/0", "c/vm/0", "d/vm/0"));
+  EXPECT_THAT(warnings, IsEmpty());
+}
+
 }  // namespace
 }  // namespace setpoint::redis

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "registry/redis/redis_client.h"
+#include "setpoint/base/mutex.h"
 #include "setpoint/node/node_registry.h"
 #include "setpoint/registry/redis_node_registry.h"
 #include "setpoint/testing/await.h"
@@ -165,6 +166,110 @@ TEST_F(RedisChangeLogTest, CachedViewsMatchAFullReadThroughEveryKindOfWrite) {
   // Most of those polls were answered with changes only (every 16th of a
   // kind reads everything).
   EXPECT_GE(reader_->polls_with_changes_only() - before, 180);
+}
+
+TEST_F(RedisChangeLogTest, AnnouncementsKeepAViewCurrentWithoutPolls) {
+  // The reader polls once; from then on the writer's announcements alone
+  // must keep its cached view exactly what a full read gives, through
+  // joins, grants, shrinks, handoffs, releases and leaves.
+  Mutex mu;
+  int current = 0, other = 0;
+  const int64_t listener =
+      reader_->AddNoticeListener([&](const ChangeNotice& n) {
+        MutexLock l(&mu);
+        ++(n.view_current ? current : other);
+      });
+  ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
+  auto same_as_a_full_read = [&](const std::string& when) {
+    auto fresh = Registry(server_.address());
+    auto full = Poll(*fresh, {"r/vm/0"});
+    EXPECT_THAT(full.status(), IsOk()) << when;
+    if (!full.ok()) return false;
+    return AwaitCondition([&] {
+      std::optional<KindView> v = reader_->CachedView("vm");
+      return v.has_value() && v->members == full->kinds["vm"].members &&
+             v->held == full->kinds["vm"].held;
+    });
+  };
+  ASSERT_TRUE(same_as_a_full_read("start"));
+  const int64_t trips = reader_->round_trips();
+  std::mt19937 rng(20261204);
+  std::vector<std::optional<Assignment>> held(6);
+  std::vector<bool> member(6, false);
+  auto id = [](int i) { return absl::StrCat("w/vm/", i); };
+  for (int step = 0; step < 60; ++step) {
+    const int i = static_cast<int>(rng() % 6);
+    const uint32_t lo = 100 * static_cast<uint32_t>(i);
+    std::string what;
+    if (!member[i]) {
+      member[i] = true;
+      std::vector<std::string> ids;
+      for (int k = 0; k < 6; ++k) {
+        if (member[k]) ids.push_back(id(k));
+      }
+      ASSERT_THAT(Poll(*writer_, ids).status(), IsOk());
+      what = "join";
+    } else if (!held[i].has_value()) {
+      auto t = writer_->Grant(ctx_, "vm", id(i), {lo, lo + 50}, epoch_);
+      ASSERT_THAT(t.status(), IsOk());
+      held[i] = Assignment{{lo, lo + 50}, *t};
+      what = "grant";
+    } else if (rng() % 3 == 0) {
+      HandoffRequest h{.epoch = epoch_};
+      h.releases.push_back(
+          {"vm", id(i), Assignment{ShardSet(lo, lo + 5), held[i]->token}});
+      h.grants.push_back({"vm", id(i), ShardSet(lo, lo + 20)});
+      auto r = writer_->Handoff(ctx_, h);
+      ASSERT_THAT(r.status(), IsOk());
+      ASSERT_THAT(r->grants[0].status(), IsOk());
+      held[i] = Assignment{{lo, lo + 20}, *r->grants[0]};
+      what = "handoff";
+    } else if (rng() % 2 == 0) {
+      ASSERT_THAT(writer_->Release(ctx_, "vm", id(i), {}), IsOk());
+      held[i].reset();
+      what = "release";
+    } else {
+      ASSERT_THAT(writer_->Deregister(ctx_, "vm", {id(i)}), IsOk());
+      member[i] = false;
+      held[i].reset();
+      what = "leave";
+    }
+    ASSERT_TRUE(same_as_a_full_read(absl::StrCat("step ", step, ": ", what)));
+  }
+  // The reader sent nothing all along.
+  EXPECT_EQ(reader_->round_trips(), trips);
+  MutexLock l(&mu);
+  EXPECT_GE(current, 60);
+  reader_->RemoveChangeListener(listener);
+}
+
+TEST_F(RedisChangeLogTest, AnAnnouncementThatSkipsAnEntryAsksForAPoll) {
+  Mutex mu;
+  std::vector<ChangeNotice> heard;
+  const int64_t listener =
+      reader_->AddNoticeListener([&](const ChangeNotice& n) {
+        MutexLock l(&mu);
+        heard.push_back(n);
+      });
+  ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
+  const std::optional<KindView> before = reader_->CachedView("vm");
+  ASSERT_TRUE(before.has_value());
+  // Entry 1000 of a log that is nowhere near it: the view stays, and the
+  // pod is told to look again.
+  Raw(server_.address(), {"PUBLISH", writer_->prefix() + ":changed",
+                          absl::StrCat("someone\tc\t", Key("changes"),
+                                       "\t1\t1000 + 6 x/vm/0", "\tg")});
+  ASSERT_TRUE(AwaitCondition([&] {
+    MutexLock l(&mu);
+    return !heard.empty();
+  }));
+  {
+    MutexLock l(&mu);
+    EXPECT_TRUE(heard.back().membership);
+    EXPECT_FALSE(heard.back().view_current);
+  }
+  EXPECT_EQ(reader_->CachedView("vm")->members, before->members);
+  reader_->RemoveChangeListener(listener);
 }
 
 TEST_F(RedisChangeLogTest, AMemberWhoseLeaseEndsLeavesEveryView) {

@@ -517,12 +517,17 @@ TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
     }
     return out;
   };
-  ASSERT_TRUE(AwaitCondition([&] { return !freed().empty(); }));
-  // The grant before announced nothing; the release names what it freed.
-  // (Late plain notices of the polls above may still arrive.)
+  ASSERT_TRUE(AwaitCondition([&] { return freed().size() >= 2; }));
+  // The grant before announced its change (nothing freed, nothing to poll
+  // for); the release names what it freed. (Late plain notices of the
+  // polls above may still arrive.) The watcher polled no view of "vm", so
+  // neither is current for it.
   std::vector<ChangeNotice> heard = freed();
-  ASSERT_EQ(heard.size(), 1u);
-  EXPECT_EQ(heard[0].freed["vm"], ShardSet::Of({{10, 30}, {60, 90}}));
+  ASSERT_EQ(heard.size(), 2u);
+  EXPECT_TRUE(heard[0].freed.empty());
+  EXPECT_FALSE(heard[0].view_current);
+  EXPECT_EQ(heard[1].freed["vm"], ShardSet::Of({{10, 30}, {60, 90}}));
+  EXPECT_FALSE(heard[1].view_current);
   watcher->RemoveChangeListener(id);
 }
 
@@ -613,6 +618,49 @@ TEST(RedisChangeNoticeTest, ReadsFreedShardsAndFallsBackToLookAgain) {
     ASSERT_TRUE(plain.has_value()) << msg;
     EXPECT_TRUE(plain->membership) << msg;
     EXPECT_TRUE(plain->freed.empty()) << msg;
+  }
+}
+
+TEST(RedisChangeNoticeTest, CarriesTheLoggedChangesWithWhatTheySay) {
+  const std::string key = "{setpoint:default}:kind:vm:changes";
+  // A handoff: records changed, shards freed.
+  redis::ParsedNotice n =
+      redis::ParseNotice("other\tc\t" + key + "\t2\t7 h 6 b/vm/0" +
+                             "0 4 9\t8 d 6 a/vm/0" + "\tf\tvm\t4-8",
+                         "me");
+  EXPECT_FALSE(n.own);
+  EXPECT_FALSE(n.notice.membership);
+  EXPECT_EQ(n.notice.freed["vm"], ShardSet(4, 8));
+  ASSERT_EQ(n.changes.size(), 1u);
+  EXPECT_EQ(n.changes[0].log_key, key);
+  ASSERT_EQ(n.changes[0].changes.size(), 2u);
+  EXPECT_EQ(n.changes[0].changes[0].seq, 7u);
+  EXPECT_EQ(n.changes[0].changes[0].value, "0 4 9");
+  EXPECT_EQ(n.changes[0].changes[1].op, 'd');
+  // Grants only: nothing to look at again.
+  n = redis::ParseNotice("me\tc\t" + key + "\t1\t9 h 6 b/vm/04 8 10\tg", "me");
+  EXPECT_TRUE(n.own);
+  EXPECT_FALSE(n.notice.membership);
+  EXPECT_TRUE(n.notice.freed.empty());
+  EXPECT_EQ(n.changes.size(), 1u);
+  // A join, or no tail: members may have changed.
+  n = redis::ParseNotice("other\tc\t" + key + "\t1\t3 + 6 c/vm/0", "me");
+  EXPECT_TRUE(n.notice.membership);
+  EXPECT_EQ(n.changes.size(), 1u);
+  // An entry that does not parse: the notice stands, without the changes.
+  n = redis::ParseNotice(
+      "other\tc\t" + key + "\t2\t7 h 6 b/vm/00 4 9\tnonsense\tg", "me");
+  EXPECT_TRUE(n.notice.membership);
+  EXPECT_TRUE(n.changes.empty());
+  // A count past the end, or an unknown tail: plain, without changes.
+  for (const std::string& msg :
+       {"other\tc\t" + key + "\t3\t7 d 6 b/vm/0\tg", "other\tc\t" + key,
+        "other\tc\t" + key + "\tx", "other\tc\t" + key + "\t0\tq",
+        "other\tc\t" + key + "\t0\tg\textra"}) {
+    n = redis::ParseNotice(msg, "me");
+    EXPECT_TRUE(n.notice.membership) << msg;
+    EXPECT_TRUE(n.notice.freed.empty()) << msg;
+    EXPECT_TRUE(n.changes.empty()) << msg;
   }
 }
 
@@ -846,7 +894,8 @@ class RedisNodeManagerTest : public ::testing::Test {
  protected:
   void SetUp() override { SETPOINT_START_REDIS_OR_SKIP(server_); }
   NodeManager& StartPod(const std::string& pod,
-                        absl::Duration lease = absl::Milliseconds(400)) {
+                        absl::Duration lease = absl::Milliseconds(400),
+                        absl::Duration poll = absl::Milliseconds(50)) {
     registries_.push_back(Registry(server_.address()));
     pods_.push_back(std::make_unique<NodeManager>(NodeManagerOptions{
         .pod_id = pod,
@@ -858,7 +907,7 @@ class RedisNodeManagerTest : public ::testing::Test {
                          return std::make_unique<QuietNode>();
                        }}},
         .registry = registries_.back().get(),
-        .poll_interval = absl::Milliseconds(50),
+        .poll_interval = poll,
         .lease = lease,
         .operation_timeout = absl::Milliseconds(200),
         .logger = NullLogger(),
@@ -900,6 +949,46 @@ TEST_F(RedisNodeManagerTest, RedisRestartMakesEveryoneStartOver) {
   ASSERT_TRUE(AwaitCondition([&] {
     return Covered({&a, &b}) && !AllEmpty(a) && !AllEmpty(b);
   }));
+}
+
+TEST_F(RedisNodeManagerTest, PodsFollowJoinsAndLeavesFromTheAnnouncements) {
+  // Polls 20 s apart with a 60 s lease: within this test only the first
+  // poll of each pod happens, so a pod can follow the other's join and
+  // leave only from the announcements and its cached view. Grants are open
+  // from the start (a namespace that has its epoch already).
+  {
+    auto r = Registry(server_.address());
+    ASSERT_THAT(r->Poll(Context::Background(),
+                        {.kinds = {{"vm", {}}}, .lease = absl::Seconds(1)})
+                    .status(),
+                IsOk());
+    redis::RedisClient raw(*redis::ParseRedisAddress(server_.address()), {},
+                           NullLogger());
+    ASSERT_THAT(
+        raw.Command({"SET", r->prefix() + ":grants_from", "0"}).status(),
+        IsOk());
+  }
+  NodeManager& a = StartPod("a", absl::Seconds(60), absl::Seconds(20));
+  // Settled: the whole ring, the plain notice of its subscription (which
+  // may cost one poll) heard, and nothing in progress.
+  auto settled = [](NodeManager& pod) {
+    return pod.stats().nudges >= 1 && pod.Idle();
+  };
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a}) && settled(a); }));
+  const int64_t a_polls = a.stats().polls;
+  NodeManager& b = StartPod("b", absl::Seconds(60), absl::Seconds(20));
+  ASSERT_TRUE(AwaitCondition([&] {
+    return Covered({&a, &b}) && !AllEmpty(a) && !AllEmpty(b) && settled(b);
+  }));
+  // a shrank for b's join, and b grew into what a released, without a poll
+  // on a's side.
+  EXPECT_EQ(a.stats().polls, a_polls);
+  EXPECT_GE(a.stats().views_from_notices, 1);
+  const int64_t b_polls = b.stats().polls;
+  a.Stop();
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&b}); }));
+  EXPECT_EQ(b.stats().polls, b_polls);  // It grew into a's shards from them.
+  EXPECT_GE(b.stats().views_from_notices, 1);
 }
 
 TEST_F(RedisNodeManagerTest, UnreachableRedisFencesEveryoneThenRecovers) {

@@ -207,6 +207,10 @@ struct NodeManagerStats {
   // limit (announcements of releases that free nothing we wait for are
   // ignored).
   int64_t grant_retries = 0;
+  // Announcements the registry's cached view took in (a change-log entry
+  // each, ChangeNotice::view_current): the pod re-computed its targets on
+  // that view instead of polling, within the nudge rate limit.
+  int64_t views_from_notices = 0;
   // Not a counter: the last poll found this pod drained, so its nodes give
   // up their shards and stay idle until undrained.
   bool drained = false;
@@ -258,6 +262,15 @@ class NodeManager {
 
   void Loop(std::stop_token stop);
   void Tick();
+  // After last_view_ changed (a poll, or announced changes the registry's
+  // cache took in): each node's target on it, and the moves towards them.
+  // `previous` is the view before, with its targets.
+  void Retarget(
+      std::optional<PollResult> previous,
+      std::map<std::string, std::map<std::string, ShardSet>> previous_targets);
+  // last_view_ with the registry's cached views of its kinds, the records
+  // of our own nodes kept as our polls and handoffs left them; Retarget.
+  void RefreshFromCache();
   // Gives every working node the empty range once the last renewal that
   // succeeded is too old.
   void SelfFence();
@@ -361,6 +374,11 @@ class NodeManager {
   // A release freed shards a refused grant waits for: ask again (without a
   // poll) once a nudge token allows.
   bool grant_retry_ ABSL_GUARDED_BY(mu_) = false;
+  // The registry's cached view took in announced changes: look at it
+  // (without a poll) once a nudge token allows (view_changed_), and the
+  // next tick does (refresh_view_).
+  bool view_changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool refresh_view_ ABSL_GUARDED_BY(mu_) = false;
   // A refused grant already asked for an early poll (once per streak of
   // refusals: reset by a grant or an announced change).
   bool refusal_polled_ ABSL_GUARDED_BY(mu_) = false;

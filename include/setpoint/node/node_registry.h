@@ -140,6 +140,12 @@ struct ChangeNotice {
   // kind) became free. A pod that waits to grow into none of them has
   // nothing new to try.
   std::map<std::string, ShardSet> freed;
+  // The registry's cached view (CachedView) took in this change and every
+  // one before it: a pod may act on that view instead of polling. Set by
+  // RedisNodeRegistry when the announcement carries its change-log entries
+  // and they follow the view; `membership` and `freed` still say what
+  // happened, for a pod that polls anyway.
+  bool view_current = false;
 };
 
 // One node as the registry records it (Describe).
@@ -289,6 +295,13 @@ class NodeRegistry {
   // `membership` set on every change. Remove it with RemoveChangeListener.
   virtual int64_t AddNoticeListener(
       std::function<void(const ChangeNotice&)> listener);
+  // The members and records of `kind` as the registry's cache has them
+  // after the last poll and the announcements since (see
+  // ChangeNotice::view_current); nullopt when it keeps none (the default).
+  // Never a round trip. The records of the caller's own nodes are only as
+  // fresh as the announcements: the lease protocol takes its own from its
+  // polls and handoffs.
+  virtual std::optional<KindView> CachedView(const std::string& kind);
   // After this returns, the listener is not running and will not run.
   virtual void RemoveChangeListener(int64_t id) = 0;
 };

@@ -149,6 +149,9 @@ class RedisNodeRegistry : public NodeRegistry {
   // Notices after releases name the shards they freed.
   int64_t AddNoticeListener(
       std::function<void(const ChangeNotice&)> listener) override;
+  // The view the last poll left, with the changes announced since applied
+  // (each announcement carries its change-log entries).
+  std::optional<KindView> CachedView(const std::string& kind) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
   void RemoveChangeListener(int64_t id) override;
 

@@ -114,6 +114,16 @@ class FaultyNodeRegistry : public NodeRegistry {
     if (absl::Status s = Fault("describe"); !s.ok()) return s;
     return base_->Describe(ctx);
   }
+  // The wrapped registry's cache, except while down or hung: a pod cut off
+  // from its registry hears nothing it could act on.
+  std::optional<KindView> CachedView(const std::string& kind) override {
+    {
+      std::lock_guard<std::mutex> l(hang_mu_);
+      if (hang_) return std::nullopt;
+    }
+    if (down_.load()) return std::nullopt;
+    return base_->CachedView(kind);
+  }
   // Notifications still arrive while down: they only make pollers look.
   int64_t AddChangeListener(std::function<void()> listener) override {
     int64_t id = base_->AddChangeListener(listener);

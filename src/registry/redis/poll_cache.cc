@@ -23,6 +23,78 @@ KindView PollCache::ViewOf(const Kind& k) {
   return KindView{k.members, k.held};
 }
 
+void PollCache::ApplyOne(Kind& k, const std::string& name,
+                         const LoggedChange& c) {
+  switch (c.op) {
+    case '+':
+      if (UsableMemberId(c.id, name)) {
+        auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
+        if (pos == k.members.end() || *pos != c.id) {
+          k.members.insert(pos, c.id);
+          // A record written before its node joined is now in view.
+          if (auto o = k.orphans.find(c.id); o != k.orphans.end()) {
+            k.held[c.id] = std::move(o->second);
+            k.orphans.erase(o);
+          }
+        }
+      }
+      break;
+    case '-': {
+      auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
+      if (pos != k.members.end() && *pos == c.id) k.members.erase(pos);
+      k.held.erase(c.id);
+      k.orphans.erase(c.id);
+      break;
+    }
+    case 'h': {
+      k.held.erase(c.id);
+      k.orphans.erase(c.id);
+      absl::StatusOr<Assignment> a = ParseHeld(c.value);
+      if (!a.ok()) break;  // Left out, as a full read leaves it out.
+      const bool member =
+          std::binary_search(k.members.begin(), k.members.end(), c.id);
+      (member ? k.held : k.orphans)[c.id] = *std::move(a);
+      break;
+    }
+    default:  // 'd' (ParseLoggedChange allows no other op).
+      k.held.erase(c.id);
+      k.orphans.erase(c.id);
+      break;
+  }
+}
+
+PollCache::Applied PollCache::Apply(const std::string& kind,
+                                    const std::vector<LoggedChange>& changes) {
+  auto it = kinds_.find(kind);
+  if (it == kinds_.end()) return Applied::kNotCached;
+  Kind& k = it->second;
+  // Check first, then apply: a gap leaves the view as the last poll left it.
+  uint64_t at = k.seq;
+  for (const LoggedChange& c : changes) {
+    if (c.seq <= at) continue;
+    if (c.seq != at + 1) return Applied::kGap;
+    at = c.seq;
+  }
+  changes_applied_ += static_cast<int64_t>(at - k.seq);
+  for (const LoggedChange& c : changes) {
+    if (c.seq <= k.seq) continue;
+    ApplyOne(k, kind, c);
+    k.seq = c.seq;
+  }
+  return Applied::kApplied;
+}
+
+std::optional<KindView> PollCache::View(const std::string& kind) const {
+  auto it = kinds_.find(kind);
+  if (it == kinds_.end()) return std::nullopt;
+  return ViewOf(it->second);
+}
+
+uint64_t PollCache::seq(const std::string& kind) const {
+  auto it = kinds_.find(kind);
+  return it == kinds_.end() ? 0 : it->second.seq;
+}
+
 bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
                       std::vector<std::string>* warnings) {
   PollResult& result = decoded->result;
@@ -73,43 +145,7 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
         return false;
       }
       at = c.seq;
-      switch (c.op) {
-        case '+':
-          if (UsableMemberId(c.id, name)) {
-            auto pos =
-                std::lower_bound(k.members.begin(), k.members.end(), c.id);
-            if (pos == k.members.end() || *pos != c.id) {
-              k.members.insert(pos, c.id);
-              // A record written before its node joined is now in view.
-              if (auto o = k.orphans.find(c.id); o != k.orphans.end()) {
-                k.held[c.id] = std::move(o->second);
-                k.orphans.erase(o);
-              }
-            }
-          }
-          break;
-        case '-': {
-          auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
-          if (pos != k.members.end() && *pos == c.id) k.members.erase(pos);
-          k.held.erase(c.id);
-          k.orphans.erase(c.id);
-          break;
-        }
-        case 'h': {
-          k.held.erase(c.id);
-          k.orphans.erase(c.id);
-          absl::StatusOr<Assignment> a = ParseHeld(c.value);
-          if (!a.ok()) break;  // Left out, as a full read leaves it out.
-          const bool member =
-              std::binary_search(k.members.begin(), k.members.end(), c.id);
-          (member ? k.held : k.orphans)[c.id] = *std::move(a);
-          break;
-        }
-        default:  // 'd' (ParseLoggedChange allows no other op).
-          k.held.erase(c.id);
-          k.orphans.erase(c.id);
-          break;
-      }
+      ApplyOne(k, name, c);
     }
     if (at != *answer.seq) {
       Clear();

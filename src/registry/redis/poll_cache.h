@@ -50,6 +50,18 @@ class PollCache {
   bool Merge(DecodedPoll* decoded, const PollRequest& request,
              std::vector<std::string>* warnings);
 
+  // Applies changes announced on the change channel to `kind`'s view.
+  // Entries at or below the view's seq are known already (a poll read
+  // them) and skipped. kGap when the first new one does not follow the
+  // view (a message was lost or sent without its entries): the view stays
+  // as it is, and the next poll catches up.
+  enum class Applied { kApplied, kNotCached, kGap };
+  Applied Apply(const std::string& kind,
+                const std::vector<LoggedChange>& changes);
+  // The cached view of `kind`, or nullopt when none is cached.
+  std::optional<KindView> View(const std::string& kind) const;
+  // The seq `kind`'s view is at (0 when none is cached).
+  uint64_t seq(const std::string& kind) const;
   // Drops every cached view.
   void Clear();
 
@@ -69,6 +81,8 @@ class PollCache {
     int polls = 0;  // Since the last full read.
   };
   static KindView ViewOf(const Kind& k);
+  // One logged change, applied to `k` (of kind `name`).
+  static void ApplyOne(Kind& k, const std::string& name, const LoggedChange& c);
 
   int full_every_;
   std::string epoch_;

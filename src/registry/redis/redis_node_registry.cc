@@ -360,14 +360,57 @@ struct RedisNodeRegistry::Impl {
       // releases the shards they freed.
       if (msg->type == RedisReply::Type::kArray) {
         if (msg->elements.size() == 3) {
-          std::optional<ChangeNotice> notice =
-              redis::ParseChangeNotice(msg->elements[2].str, instance);
-          if (notice.has_value()) Notify(*notice);
+          redis::ParsedNotice parsed =
+              redis::ParseNotice(msg->elements[2].str, instance);
+          ChangeNotice notice = TakeIn(parsed);
+          // Our own writes are in the cache now; nobody else here needs
+          // to hear of them.
+          if (!parsed.own) Notify(notice);
           continue;
         }
         Notify();
       }
     }
+  }
+
+  // Applies the entries an announcement carries to the cached views and
+  // says whether they are current. Entries of a kind that has no cached
+  // view are not ours to follow; a gap (a lost message, or one sent without
+  // its entries) asks for a poll, which reads what was missed.
+  ChangeNotice TakeIn(const redis::ParsedNotice& parsed) {
+    ChangeNotice notice = parsed.notice;
+    if (parsed.changes.empty()) return notice;
+    MutexLock l(&poll_mu);
+    bool applied = false, gap = false;
+    for (const redis::NoticeChanges& section : parsed.changes) {
+      // The log key names the kind: "<prefix>:kind:<kind>:changes".
+      absl::string_view key = section.log_key;
+      const std::string head = absl::StrCat(prefix, ":kind:");
+      constexpr absl::string_view kTail = ":changes";
+      if (!absl::StartsWith(key, head) || !absl::EndsWith(key, kTail) ||
+          key.size() < head.size() + kTail.size()) {
+        gap = true;
+        continue;
+      }
+      const std::string kind(
+          key.substr(head.size(), key.size() - head.size() - kTail.size()));
+      switch (cache.Apply(kind, section.changes)) {
+        case redis::PollCache::Applied::kApplied:
+          applied = true;
+          break;
+        case redis::PollCache::Applied::kGap:
+          gap = true;
+          break;
+        case redis::PollCache::Applied::kNotCached:
+          break;
+      }
+    }
+    if (gap) {
+      notice.membership = true;  // Poll: it catches the view up.
+    } else if (applied) {
+      notice.view_current = true;
+    }
+    return notice;
   }
 
   void Notify(const ChangeNotice& notice = ChangeNotice{}) {
@@ -488,6 +531,12 @@ absl::StatusOr<PollResult> RedisNodeRegistry::Poll(const Context& ctx,
   // everything.
   if (again) result = d.PollOnce(ctx, request, &again);
   return result;
+}
+
+std::optional<KindView> RedisNodeRegistry::CachedView(const std::string& kind) {
+  Impl& d = *impl_;
+  MutexLock l(&d.poll_mu);
+  return d.cache.View(kind);
 }
 
 absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(

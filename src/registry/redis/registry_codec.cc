@@ -528,31 +528,68 @@ absl::StatusOr<RegistryDescription> DecodeDescribeReply(
 // Reads a change message: nullopt for our own (`self`), a notice of freed
 // shards for "<instance>\tf\t<kind>\t<b>-<e>,...", and a plain notice
 // (look again) for anything else, including what does not parse.
-std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
-                                              absl::string_view self) {
+ParsedNotice ParseNotice(absl::string_view payload, absl::string_view self) {
   std::vector<absl::string_view> parts = absl::StrSplit(payload, '\t');
-  if (parts[0] == self) return std::nullopt;
-  ChangeNotice notice;
-  if (parts.size() < 4 || parts.size() % 2 != 0 || parts[1] != "f") {
-    return notice;
+  ParsedNotice out;
+  out.own = parts[0] == self;
+  const size_t n = parts.size();
+  size_t i = 1;
+  bool entries_ok = true, came_or_went = false;
+  while (i < n && parts[i] == "c") {
+    uint64_t count = 0;
+    if (i + 2 >= n || !ParseDecimal(parts[i + 2], &count) ||
+        count > n - i - 3) {
+      return ParsedNotice{.own = out.own};  // Plain: look again.
+    }
+    NoticeChanges section{.log_key = std::string(parts[i + 1])};
+    for (size_t k = 0; k < count; ++k) {
+      absl::StatusOr<LoggedChange> c = ParseLoggedChange(parts[i + 3 + k]);
+      if (!c.ok()) {
+        entries_ok = false;
+        continue;
+      }
+      came_or_went = came_or_went || c->op == '+' || c->op == '-';
+      section.changes.push_back(*std::move(c));
+    }
+    out.changes.push_back(std::move(section));
+    i += 3 + count;
   }
-  for (size_t i = 2; i + 1 < parts.size(); i += 2) {
+  if (!entries_ok) {
+    out.changes.clear();
+    came_or_went = true;  // Unknown.
+  }
+  if (i == n) return out;  // No tail: look again (membership).
+  if (parts[i] == "g" && i + 1 == n) {
+    out.notice.membership = came_or_went;
+    return out;
+  }
+  if (parts[i] != "f" || n - i - 1 < 2 || (n - i - 1) % 2 != 0) {
+    return ParsedNotice{.own = out.own};
+  }
+  for (size_t k = i + 1; k + 1 < n; k += 2) {
     std::vector<ShardRange> ranges;
-    for (absl::string_view r : absl::StrSplit(parts[i + 1], ',')) {
+    for (absl::string_view r : absl::StrSplit(parts[k + 1], ',')) {
       std::pair<absl::string_view, absl::string_view> be =
           absl::StrSplit(r, absl::MaxSplits('-', 1));
       uint32_t b = 0, e = 0;
       if (!absl::SimpleAtoi(be.first, &b) || !absl::SimpleAtoi(be.second, &e) ||
           b >= e) {
-        return ChangeNotice{};
+        return ParsedNotice{.own = out.own};
       }
       ranges.push_back(ShardRange{b, e});
     }
-    ShardSet& freed = notice.freed[std::string(parts[i])];
+    ShardSet& freed = out.notice.freed[std::string(parts[k])];
     freed = freed.Union(ShardSet::Of(std::move(ranges)));
   }
-  notice.membership = false;
-  return notice;
+  out.notice.membership = came_or_went;
+  return out;
+}
+
+std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
+                                              absl::string_view self) {
+  ParsedNotice parsed = ParseNotice(payload, self);
+  if (parsed.own) return std::nullopt;
+  return std::move(parsed.notice);
 }
 
 }  // namespace setpoint::redis

@@ -96,10 +96,30 @@ absl::StatusOr<DecodedPoll> DecodePollReply(
 absl::StatusOr<RegistryDescription> DecodeDescribeReply(
     const RedisReply& reply, const std::vector<std::string>& kinds);
 
-// A message on the change channel: nullopt for one from `self` (our own
-// write), the shards releases freed for "<instance>\tf\t<kind>\t<b>-<e>,...",
-// and a plain notice (look again) for anything else, including what does
-// not parse.
+// The change-log entries a message carries for one kind's log key.
+struct NoticeChanges {
+  std::string log_key;
+  std::vector<LoggedChange> changes = {};
+};
+
+// A message on the change channel, "<instance>" then what the script
+// logged, "\tc\t<log key>\t<n>\t<entry>..." per log key, then "\tf"
+// followed by "\t<kind>\t<b>-<e>,..." pairs (the shards releases freed),
+// "\tg" (grants only: nothing freed) or nothing (look again).
+struct ParsedNotice {
+  // Written by `self` (our own write: no listener needs it, the cache
+  // does).
+  bool own = false;
+  // What it says to a pod that cannot use the changes: `membership` when
+  // members came or went or it says nothing more precise.
+  ChangeNotice notice = {};
+  // The entries, when every one of them parsed; empty otherwise.
+  std::vector<NoticeChanges> changes = {};
+};
+// Never fails: what does not parse is a plain notice without changes.
+ParsedNotice ParseNotice(absl::string_view payload, absl::string_view self);
+
+// ParseNotice's notice: nullopt for one from `self`.
 std::optional<ChangeNotice> ParseChangeNotice(absl::string_view payload,
                                               absl::string_view self);
 

@@ -143,16 +143,48 @@ end
 -- everything. A counter that does not hold a count starts over (the pods
 -- then read everything).
 local CHANGES_MAX = 4096
+-- What this script logged, per log key in the order first logged, for its
+-- announcement: the pods apply it to their cached views instead of polling.
+local logged, logged_keys = {}, {}
 local function log_change(logkey, seqkey, op, id, value)
   local n = tonumber(redis.call('GET', seqkey) or '0')
   if not n or n < 0 or n >= 2^52 or n ~= math.floor(n) then n = 0 end
   n = n + 1
   redis.call('SET', seqkey, num(n))
-  local len = redis.call('RPUSH', logkey,
-    num(n) .. ' ' .. op .. ' ' .. #id .. ' ' .. id .. (value or ''))
+  local entry = num(n) .. ' ' .. op .. ' ' .. #id .. ' ' .. id .. (value or '')
+  local len = redis.call('RPUSH', logkey, entry)
   if len > CHANGES_MAX then
     redis.call('LTRIM', logkey, -CHANGES_MAX, -1)
   end
+  if not logged[logkey] then
+    logged[logkey] = {}
+    table.insert(logged_keys, logkey)
+  end
+  table.insert(logged[logkey], entry)
+end
+-- Publishes `base` (the writer's name) with what this script logged,
+-- "\tc\t<log key>\t<n>\t<entry>..." per log key, then `tail` (the freed
+-- shards: "\tf\t<kind>\t<b>-<e>,..."). Too long, or an entry that holds
+-- a tab: without the entries (the pods then poll), then without the tail.
+local function announce(channel, base, tail)
+  tail = tail or ''
+  local parts = {base}
+  local ok = true
+  for _, key in ipairs(logged_keys) do
+    local entries = logged[key]
+    if string.find(key, '\t', 1, true) then ok = false end
+    for _, e in ipairs(entries) do
+      if string.find(e, '\t', 1, true) then ok = false end
+    end
+    table.insert(parts, 'c')
+    table.insert(parts, key)
+    table.insert(parts, tostring(#entries))
+    for _, e in ipairs(entries) do table.insert(parts, e) end
+  end
+  local msg = table.concat(parts, '\t') .. tail
+  if not ok or #msg > 8000 then msg = base .. tail end
+  if #msg > 8000 then msg = base end
+  redis.call('PUBLISH', channel, msg)
 end
 local function wrong_log(logkey, seqkey)
   return wrong_type(logkey, 'list') or wrong_type(seqkey, 'string')
@@ -378,7 +410,7 @@ for k = 1, nkinds do
     table.insert(views, redis.call('HGETALL', held))
   end
 end
-if changed then redis.call('PUBLISH', ARGV[3], ARGV[6]) end
+if changed then announce(ARGV[3], ARGV[6]) end
 return {epoch, num(gf), num(now), version, reason, views, warnings,
         redis.call('HGETALL', KEYS[5])}
 )lua";
@@ -400,7 +432,7 @@ if #keep == 0 then
     redis.call('HDEL', KEYS[2], ARGV[1])
     log_change(KEYS[4], KEYS[5], 'd', ARGV[1])
     bump_version(KEYS[3])
-    redis.call('PUBLISH', ARGV[4], ARGV[5])
+    announce(ARGV[4], ARGV[5])
   end
   return 'OK'
 end
@@ -427,7 +459,7 @@ if v ~= cur then
   log_change(KEYS[4], KEYS[5], 'h', ARGV[1], v)
 end
 bump_version(KEYS[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+announce(ARGV[4], ARGV[5])
 return 'OK'
 )lua";
 
@@ -436,8 +468,9 @@ return 'OK'
 // Grants the runs if the state is still the epoch the caller polled, the
 // node is live, grants are allowed, and no other live member holds any of
 // it. Tokens only grow, also across a loss of Redis's state: each is at
-// least the server time in microseconds. A grant announces nothing: nobody
-// waits for one (growers wait for releases and leaves, which announce).
+// least the server time in microseconds. A grant announces its change-log
+// entry ("\tg" at the end: nothing became free, nobody needs to poll), so
+// that the pods' cached views stay complete without a poll.
 extern const char kGrantScript[] = R"lua(
 local now, t = now_ms()
 for i = 1, 4 do
@@ -505,6 +538,7 @@ redis.call('SET', KEYS[7], token)
 redis.call('HSET', KEYS[6], ARGV[1], runs_text(want) .. ' ' .. token)
 log_change(KEYS[8], KEYS[9], 'h', ARGV[1], runs_text(want) .. ' ' .. token)
 bump_version(KEYS[4])
+announce(ARGV[3], ARGV[5], '\tg')
 return token
 )lua";
 
@@ -513,8 +547,9 @@ return token
 // kind: kind, releases n, n x (node, kept runs "<b> <e> ..." ('' for none),
 // token), grants m, m x (node, runs). Runs every release as kReleaseScript
 // does, then every grant as kGrantScript does (each seeing the ones before it),
-// and announces once if a release changed anything:
-// "<message>\tf\t<kind>\t<b>-<e>,..." names the shards that became free.
+// and announces once if anything changed, with what it logged (announce):
+// after releases "\tf\t<kind>\t<b>-<e>,..." names the shards that became
+// free; after grants only, "\tg".
 // Returns one array per kind: a result per release, then per grant: 'OK', 'T
 // <token>' or 'E <error>'.
 extern const char kHandoffScript[] = R"lua(
@@ -715,10 +750,10 @@ end
 if released or granted then bump_version(KEYS[4]) end
 if released then
   -- Says which shards became free, so that only the pods waiting for them
-  -- look again; a plain message (poll) when that is unknown or too long.
-  local msg = ARGV[2] .. '\tf' .. notice
-  if unknown or #msg > 4000 then msg = ARGV[2] end
-  redis.call('PUBLISH', ARGV[1], msg)
+  -- look again; without it (poll) when that is unknown.
+  announce(ARGV[1], ARGV[2], (not unknown) and ('\tf' .. notice) or '')
+elseif granted then
+  announce(ARGV[1], ARGV[2], '\tg')
 end
 return out
 )lua";
@@ -736,7 +771,7 @@ for i = 3, #ARGV do
   end
 end
 bump_version(KEYS[3])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+announce(ARGV[1], ARGV[2])
 return 'OK'
 )lua";
 
