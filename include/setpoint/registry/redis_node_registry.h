@@ -39,7 +39,10 @@
 // the whole fleet; every 16th poll of a kind reads everything again, and
 // a new epoch, a gap in the log or an own record that disagrees with the
 // view does too. What the lease protocol checks about the caller's own
-// nodes always comes from Redis.
+// nodes always comes from Redis. Announcements carry the entries their
+// script logged; the registry applies them to the cached views as they
+// arrive (when they follow the view), so CachedView and a notice with
+// view_current let a NodeManager follow joins and leaves without a poll.
 //
 // Thread safety: thread-safe; calls are serialized on the one connection.
 #ifndef SETPOINT_REGISTRY_REDIS_NODE_REGISTRY_H_
@@ -48,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
