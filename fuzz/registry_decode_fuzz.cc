@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "registry/redis/registry_codec.h"
 
@@ -108,21 +109,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(absl::IsInvalidArgument(held.status()), "held error code");
   }
 
-  // A change message someone published on our channel: a notice or our
-  // own, and freed ranges only in a notice that says so.
-  if (auto notice = setpoint::redis::ParseChangeNotice(text, "self");
-      notice.has_value()) {
-    Check(notice->membership || !notice->freed.empty(), "notice says what");
-    for (const auto& [kind, ranges] : notice->freed) {
-      Check(!notice->membership, "freed only in a release notice");
-      Check(!ranges.Empty(), "freed set not empty");
-      for (const auto& f : ranges.runs()) {
-        Check(f.begin < f.end, "freed run not empty");
+  // A change message someone published on our channel: ours or another's;
+  // a notice that does not say "look again" says what changed instead
+  // (freed shards, or grants only); entries only when every one parsed.
+  const setpoint::redis::ParsedNotice parsed =
+      setpoint::redis::ParseNotice(text, "self");
+  Check(parsed.own == (text.substr(0, text.find('\t')) == "self"),
+        "own when written by us");
+  Check(parsed.notice.membership || !parsed.notice.freed.empty() ||
+            absl::EndsWith(text, "\tg"),
+        "notice says what");
+  Check(!parsed.notice.view_current, "only the registry knows its cache");
+  for (const auto& [kind, ranges] : parsed.notice.freed) {
+    Check(!ranges.Empty(), "freed set not empty");
+    for (const auto& f : ranges.runs()) {
+      Check(f.begin < f.end, "freed run not empty");
+    }
+  }
+  for (const auto& section : parsed.changes) {
+    for (const auto& c : section.changes) {
+      Check(c.op == '+' || c.op == '-' || c.op == 'h' || c.op == 'd',
+            "entry op known");
+      Check(!c.id.empty(), "entry id not empty");
+      if (c.op == '+' || c.op == '-') {
+        Check(parsed.notice.membership, "a join or leave says membership");
       }
     }
-  } else {
-    Check(text.substr(0, text.find('\t')) == "self", "only ours is dropped");
   }
+  Check(parsed.own ==
+            !setpoint::redis::ParseChangeNotice(text, "self").has_value(),
+        "only ours is dropped");
 
   Reader reader(data, size);
   std::vector<std::string> kinds;

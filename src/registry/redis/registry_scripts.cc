@@ -182,8 +182,8 @@ local function announce(channel, base, tail)
     for _, e in ipairs(entries) do table.insert(parts, e) end
   end
   local msg = table.concat(parts, '\t') .. tail
-  if not ok or #msg > 8000 then msg = base .. tail end
-  if #msg > 8000 then msg = base end
+  if not ok or #msg > 32000 then msg = base .. tail end
+  if #msg > 32000 then msg = base end
   redis.call('PUBLISH', channel, msg)
 end
 local function wrong_log(logkey, seqkey)
