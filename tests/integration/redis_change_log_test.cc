@@ -179,6 +179,12 @@ TEST_F(RedisChangeLogTest, AnnouncementsKeepAViewCurrentWithoutPolls) {
         MutexLock l(&mu);
         ++(n.view_current ? current : other);
       });
+  // The subscription is live once its plain notice (anything may have
+  // changed while away) came: from then on no message is missed.
+  ASSERT_TRUE(AwaitCondition([&] {
+    MutexLock l(&mu);
+    return other >= 1;
+  }));
   ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
   auto same_as_a_full_read = [&](const std::string& when) {
     auto fresh = Registry(server_.address());
@@ -251,6 +257,11 @@ TEST_F(RedisChangeLogTest, AnAnnouncementThatSkipsAnEntryAsksForAPoll) {
         MutexLock l(&mu);
         heard.push_back(n);
       });
+  // The subscription is live once its plain notice came.
+  ASSERT_TRUE(AwaitCondition([&] {
+    MutexLock l(&mu);
+    return !heard.empty();
+  }));
   ASSERT_THAT(Poll(*reader_, {"r/vm/0"}).status(), IsOk());
   const std::optional<KindView> before = reader_->CachedView("vm");
   ASSERT_TRUE(before.has_value());
@@ -261,10 +272,11 @@ TEST_F(RedisChangeLogTest, AnAnnouncementThatSkipsAnEntryAsksForAPoll) {
                                        "\t1\t1000 + 6 x/vm/0", "\tg")});
   ASSERT_TRUE(AwaitCondition([&] {
     MutexLock l(&mu);
-    return !heard.empty();
+    return heard.size() >= 2;
   }));
   {
     MutexLock l(&mu);
+    ASSERT_EQ(heard.size(), 2u);
     EXPECT_TRUE(heard.back().membership);
     EXPECT_FALSE(heard.back().view_current);
   }
