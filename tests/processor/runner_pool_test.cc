@@ -106,16 +106,26 @@ TEST(RunnerPoolTest, TimersWakeIdleRunnersEarlierOnesToo) {
   std::atomic<int> fired{0};
   ASSERT_THAT(r.PostAfter(absl::Hours(1), [&] { fired += 100; }).status(),
               IsOk());
-  // Idle with a wake an hour away: an earlier timer must still fire.
-  ASSERT_THAT(r.PostAfter(absl::Milliseconds(10), [&] { ++fired; }).status(),
-              IsOk());
   absl::StatusOr<TimerHandle> cancelled =
       r.PostAfter(absl::Milliseconds(5), [&] { fired += 1000; });
   ASSERT_THAT(cancelled.status(), IsOk());
   EXPECT_TRUE(cancelled->Cancel());
-  EXPECT_TRUE(AwaitCondition([&] { return fired.load() == 1; }));
+  // Idle with a wake an hour away: an earlier timer must still fire, the
+  // pool waking the runner for it. On a loaded machine the runner may still
+  // be in the turn that took the timer when it falls due (and then runs it
+  // itself, no wake needed): try again, from idle, a few times.
+  int posted = 0;
+  for (int attempt = 0; attempt < 10 && pool.stats().timer_wakes == 0;
+       ++attempt) {
+    ASSERT_TRUE(
+        AwaitCondition([&] { return r.BusyFor() == absl::ZeroDuration(); }));
+    ASSERT_THAT(r.PostAfter(absl::Milliseconds(50), [&] { ++fired; }).status(),
+                IsOk());
+    ++posted;
+    ASSERT_TRUE(AwaitCondition([&] { return fired.load() == posted; }));
+  }
   r.Stop();
-  EXPECT_EQ(fired.load(), 1);
+  EXPECT_EQ(fired.load(), posted);
   EXPECT_EQ(r.stats().timers_dropped, 1);
   EXPECT_EQ(r.stats().timers_cancelled, 1);
   EXPECT_GE(pool.stats().timer_wakes, 1);
