@@ -26,7 +26,9 @@
 //                    Redis CPU, with 100 pods of 10 nodes (1,000 nodes)
 //   rolling restart  each of the 100 pods in turn stops gracefully and a
 //                    new one starts: per step, the time until the ring is
-//                    owned again and the longest time a shard had no owner
+//                    owned again and the longest time a shard had no owner,
+//                    also split by the half of the step that let it go (the
+//                    old pod's leave, or the new pod's join after its start)
 //   mass failure     20 of the 100 pods die at once: time until every shard
 //                    is owned again
 // Exit code 1 if a run does not converge.
@@ -83,6 +85,11 @@ class Coverage {
       for (uint32_t s = run.begin; s < run.end; ++s) {
         if (owners_[s]++ == 0 && unowned_since_[s] != Clock::time_point()) {
           max_gap_ = std::max(max_gap_, now - unowned_since_[s]);
+          // Which half of a rolling step let it go: before the new pod
+          // started (the old one's leave) or after (the new one's join).
+          Clock::duration& half =
+              unowned_since_[s] < join_mark_ ? leave_gap_ : join_gap_;
+          half = std::max(half, now - unowned_since_[s]);
         }
         ++moved_;
       }
@@ -104,6 +111,20 @@ class Coverage {
     Clock::duration gap = max_gap_;
     max_gap_ = Clock::duration::zero();
     return gap;
+  }
+  // From now on shards that lose their owner count as the join's.
+  void MarkJoin() {
+    std::lock_guard l(mu_);
+    join_mark_ = Clock::now();
+  }
+  // The longest gaps of shards let go before and after MarkJoin, since the
+  // last call; starts a new step (everything counts as the leave's again).
+  std::pair<Clock::duration, Clock::duration> TakeHalves() {
+    std::lock_guard l(mu_);
+    auto out = std::make_pair(leave_gap_, join_gap_);
+    leave_gap_ = join_gap_ = Clock::duration::zero();
+    join_mark_ = Clock::time_point::max();
+    return out;
   }
   // What keeps the nodes of `prefixes` from covering the ring, for the
   // message when a run does not converge.
@@ -133,6 +154,8 @@ class Coverage {
     for (auto& o : owners_) o = 0;
     for (auto& t : unowned_since_) t = Clock::time_point();
     max_gap_ = Clock::duration::zero();
+    join_mark_ = Clock::time_point::max();
+    leave_gap_ = join_gap_ = Clock::duration::zero();
   }
   // Waits until the nodes whose id starts with one of `prefixes` own the
   // whole ring, each node a non-empty range. Returns false after `timeout`.
@@ -160,6 +183,9 @@ class Coverage {
   int owners_[kRing] = {};
   Clock::time_point unowned_since_[kRing] = {};
   Clock::duration max_gap_ = Clock::duration::zero();
+  Clock::time_point join_mark_ = Clock::time_point::max();
+  Clock::duration leave_gap_ = Clock::duration::zero();
+  Clock::duration join_gap_ = Clock::duration::zero();
   int64_t moved_ = 0;
 };
 
@@ -270,8 +296,9 @@ RedisStats ReadStats(const std::string& address) {
 
 // The fleet's NodeManager counters, summed.
 struct FleetStats {
-  int64_t polls = 0, conflicts = 0, retries = 0, nudges = 0;
+  int64_t polls = 0, conflicts = 0, retries = 0, nudges = 0, deferred = 0;
   void Add(const NodeManagerStats& s, int sign = 1) {
+    deferred += sign * s.nudges_deferred;
     polls += sign * s.polls;
     conflicts += sign * s.grant_conflicts;
     retries += sign * s.grant_retries;
@@ -462,7 +489,7 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
 
   // Rolling restart: one pod at a time stops gracefully and a new one
   // takes its place.
-  std::vector<double> gaps, steps, stops, starts;
+  std::vector<double> gaps, steps, stops, starts, leave_gaps, join_gaps;
   const int roll =
       steps_limit > 0 ? std::min(steps_limit, pods) : (quick ? 3 : pods);
   RedisStats roll_before = ReadStats(address);
@@ -472,8 +499,10 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
   for (int i = 0; i < roll; ++i) {
     auto step_start = Clock::now();
     coverage.TakeMaxGap();
+    coverage.TakeHalves();
     fleet[i]->manager->Stop();
     auto stopped = Clock::now();
+    coverage.MarkJoin();
     // The stopped pod's counters leave the sum with it.
     fleet_before.Add(fleet[i]->manager->stats(), -1);
     fleet[i] =
@@ -490,6 +519,9 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
     stops.push_back(Ms(stopped - step_start));
     starts.push_back(Ms(started - stopped));
     gaps.push_back(Ms(coverage.TakeMaxGap()));
+    auto [leave_gap, join_gap] = coverage.TakeHalves();
+    leave_gaps.push_back(Ms(leave_gap));
+    join_gaps.push_back(Ms(join_gap));
   }
   RedisStats roll_after = ReadStats(address);
   FleetStats fleet_after = SumStats(fleet);
@@ -505,7 +537,7 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
   std::printf(
       "rolling restart  pods=%d took %.0f ms load=%.1f; per step: round "
       "trips=%.0f polls=%.0f grant refusals=%.0f grant retries=%.0f "
-      "announcements heard=%.0f\n",
+      "announcements heard=%.0f deferred by the rate limit=%.1f\n",
       roll, Ms(Clock::now() - roll_start), LoadAverage(),
       static_cast<double>(roll_after.round_trips - roll_before.round_trips) /
           roll,
@@ -513,9 +545,12 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
       static_cast<double>(fleet_after.conflicts - fleet_before.conflicts) /
           roll,
       static_cast<double>(fleet_after.retries - fleet_before.retries) / roll,
-      static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll);
+      static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll,
+      static_cast<double>(fleet_after.deferred - fleet_before.deferred) / roll);
   Report("  step", steps);
   Report("  unowned", gaps);
+  Report("   by the leave", leave_gaps);
+  Report("   by the join", join_gaps);
   Report("  pod stop", stops);
   Report("  pod start", starts);
 
