@@ -57,8 +57,6 @@ std::string MoveReason(const std::optional<ViewState>& before,
                        const ViewState& now) {
   if (!before.has_value()) return "start";
   if (*before->epoch != *now.epoch) return "epoch";
-  std::vector<std::string> why;
-  if (*before->drained != *now.drained) why.push_back("drain");
   static const std::vector<std::string> kNone;
   const auto& was = before->kind != nullptr ? before->kind->members : kNone;
   const auto& is = now.kind != nullptr ? now.kind->members : kNone;
@@ -68,8 +66,15 @@ std::string MoveReason(const std::optional<ViewState>& before,
                       std::back_inserter(came));
   std::set_difference(was.begin(), was.end(), is.begin(), is.end(),
                       std::back_inserter(went));
-  if (!came.empty()) why.push_back("join");
-  if (!went.empty()) why.push_back("leave");
+  return MoveReasonOf(*before->drained != *now.drained, !came.empty(),
+                      !went.empty());
+}
+
+std::string MoveReasonOf(bool drained_changed, bool joined, bool left) {
+  std::vector<std::string> why;
+  if (drained_changed) why.push_back("drain");
+  if (joined) why.push_back("join");
+  if (left) why.push_back("leave");
   if (why.empty()) return "none";
   std::string out = why[0];
   for (size_t i = 1; i < why.size(); ++i) out += "+" + why[i];

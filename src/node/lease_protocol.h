@@ -71,6 +71,8 @@ struct ViewState {
 };
 std::string MoveReason(const std::optional<ViewState>& before,
                        const ViewState& now);
+// The same from what is known to have changed ("none" when nothing did).
+std::string MoveReasonOf(bool drained_changed, bool joined, bool left);
 
 }  // namespace setpoint::lease_protocol
 

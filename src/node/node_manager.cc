@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "node/lease_protocol.h"
 #include "node/node_slot.h"
+#include "node/view_sync.h"
 #include "setpoint/base/callback.h"
 #include "setpoint/base/context.h"
 #include "setpoint/base/format.h"
@@ -506,7 +507,7 @@ void NodeManager::Tick() {
   if (result.ok()) {
     std::optional<PollResult> previous = std::move(last_view_);
     last_view_ = std::move(*result);
-    Retarget(std::move(previous), std::move(last_targets_));
+    Retarget(DeltasSince(previous), std::move(last_targets_));
   } else {
     last_view_.reset();  // Act only on a fresh view once polls work again.
   }
@@ -515,36 +516,55 @@ void NodeManager::Tick() {
 
 void NodeManager::RefreshFromCache() {
   if (!last_view_.has_value()) return;
-  // The view before, whole; the new one from the same poll's state with
-  // the cached kinds.
-  std::optional<PollResult> previous = std::move(last_view_);
-  std::map<std::string, KindView> kinds = std::move(previous->kinds);
-  previous->kinds.clear();
-  last_view_ = *previous;
-  previous->kinds = std::move(kinds);
-  for (const auto& [kind, was] : previous->kinds) {
-    std::optional<KindView> cached = options_.registry->CachedView(kind);
-    if (!cached.has_value()) {
-      last_view_->kinds[kind] = was;
-      continue;
-    }
+  std::map<std::string, KindDelta> deltas;
+  for (auto& [kind, view] : last_view_->kinds) {
     // Our own records as our polls and handoffs left them: the cache
     // hears of them only from announcements, which may lag our replies.
+    std::vector<std::string> own;
     for (const auto& slot : slots_) {
-      if (slot->info.kind != kind) continue;
-      const std::string& id = slot->info.id;
-      cached->held.erase(id);
-      if (auto it = was.held.find(id); it != was.held.end()) {
-        cached->held.emplace(id, it->second);
-      }
+      if (slot->info.kind == kind) own.push_back(slot->info.id);
     }
-    last_view_->kinds[kind] = *std::move(cached);
+    std::sort(own.begin(), own.end());
+    ViewSync sync;
+    options_.registry->ReadCachedView(kind, [&](const KindView& cached) {
+      sync = SyncView(cached, own, &view);
+    });
+    // No cached view: ours stands as it is.
+    deltas[kind] = KindDelta{
+        .same = !sync.changed(),
+        .why = lease_protocol::MoveReasonOf(false, sync.joined, sync.left)};
   }
-  Retarget(std::move(previous), std::move(last_targets_));
+  Retarget(deltas, std::move(last_targets_));
+}
+
+std::map<std::string, NodeManager::KindDelta> NodeManager::DeltasSince(
+    const std::optional<PollResult>& previous) const {
+  std::map<std::string, KindDelta> out;
+  for (const auto& [kind, view] : last_view_->kinds) {
+    KindDelta& d = out[kind];
+    auto was = previous.has_value() ? previous->kinds.find(kind)
+                                    : decltype(previous->kinds.end()){};
+    d.same = previous.has_value() && was != previous->kinds.end() &&
+             previous->drained == last_view_->drained &&
+             was->second.members == view.members &&
+             was->second.held == view.held;
+    if (d.same) continue;
+    std::optional<lease_protocol::ViewState> before;
+    if (previous.has_value()) {
+      before = lease_protocol::ViewState{
+          .epoch = &previous->epoch,
+          .drained = &previous->drained,
+          .kind = was != previous->kinds.end() ? &was->second : nullptr};
+    }
+    d.why = lease_protocol::MoveReason(before, {.epoch = &last_view_->epoch,
+                                                .drained = &last_view_->drained,
+                                                .kind = &view});
+  }
+  return out;
 }
 
 void NodeManager::Retarget(
-    std::optional<PollResult> previous,
+    const std::map<std::string, KindDelta>& deltas,
     std::map<std::string, std::map<std::string, ShardSet>> previous_targets) {
   last_targets_.clear();
   for (const auto& [kind, view] : last_view_->kinds) {
@@ -560,31 +580,16 @@ void NodeManager::Retarget(
     // Each node's target as AssignShards gives it over the ids that
     // share the ring and what every live member holds: every pod that
     // saw the same state computes the same targets.
-    // Nothing changed since the last poll (the steady state): the same
+    // Nothing changed since the view before (the steady state): the same
     // targets, without computing them for the whole fleet again.
-    auto was = previous.has_value() ? previous->kinds.find(kind)
-                                    : decltype(previous->kinds.end()){};
+    auto delta = deltas.find(kind);
     auto was_targets = previous_targets.find(kind);
-    const bool same = previous.has_value() && was != previous->kinds.end() &&
-                      was_targets != previous_targets.end() &&
-                      previous->drained == last_view_->drained &&
-                      was->second.members == view.members &&
-                      was->second.held == view.held;
-    if (!same) {
-      std::optional<lease_protocol::ViewState> before;
-      if (previous.has_value()) {
-        before = lease_protocol::ViewState{
-            .epoch = &previous->epoch,
-            .drained = &previous->drained,
-            .kind = was != previous->kinds.end() ? &was->second : nullptr};
-      }
-      std::string why =
-          lease_protocol::MoveReason(before, {.epoch = &last_view_->epoch,
-                                              .drained = &last_view_->drained,
-                                              .kind = &view});
-      // Only others' releases and grants changed: the handoff under way
-      // goes on for the reason it began.
-      if (why != "none") move_reasons_[kind] = std::move(why);
+    const bool same = delta != deltas.end() && delta->second.same &&
+                      was_targets != previous_targets.end();
+    // Only others' releases and grants changed: the handoff under way goes
+    // on for the reason it began.
+    if (!same && delta != deltas.end() && delta->second.why != "none") {
+      move_reasons_[kind] = delta->second.why;
     }
     std::vector<std::string> own;
     for (const auto& slot : slots_) {

@@ -94,6 +94,14 @@ std::optional<KindView> NodeRegistry::CachedView(const std::string&) {
   return std::nullopt;
 }
 
+bool NodeRegistry::ReadCachedView(
+    const std::string& kind, absl::FunctionRef<void(const KindView&)> read) {
+  std::optional<KindView> view = CachedView(kind);
+  if (!view.has_value()) return false;
+  read(*view);
+  return true;
+}
+
 absl::StatusOr<HandoffResult> NodeRegistry::Handoff(
     const Context& ctx, const HandoffRequest& request) {
   HandoffResult out;

@@ -262,14 +262,26 @@ class NodeManager {
 
   void Loop(std::stop_token stop);
   void Tick();
+  // What changed in one kind's view since the one before: `same` when
+  // nothing the rule reads did (members, records, drained pods), so the
+  // targets before stand; `why` names it for the log lines
+  // (lease_protocol::MoveReason; "none": only others' releases and grants).
+  struct KindDelta {
+    bool same = false;
+    std::string why = "none";
+  };
+  // KindDelta per kind of last_view_, against the view before it.
+  std::map<std::string, KindDelta> DeltasSince(
+      const std::optional<PollResult>& previous) const;
   // After last_view_ changed (a poll, or announced changes the registry's
   // cache took in): each node's target on it, and the moves towards them.
-  // `previous` is the view before, with its targets.
+  // `previous_targets` are the targets of the view before.
   void Retarget(
-      std::optional<PollResult> previous,
+      const std::map<std::string, KindDelta>& deltas,
       std::map<std::string, std::map<std::string, ShardSet>> previous_targets);
-  // last_view_ with the registry's cached views of its kinds, the records
-  // of our own nodes kept as our polls and handoffs left them; Retarget.
+  // Brings last_view_ up to the registry's cached views of its kinds,
+  // writing only what differs (SyncView), the records of our own nodes
+  // kept as our polls and handoffs left them; Retarget.
   void RefreshFromCache();
   // Gives every working node the empty range once the last renewal that
   // succeeded is too old.

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -302,6 +303,14 @@ class NodeRegistry {
   // fresh as the announcements: the lease protocol takes its own from its
   // polls and handoffs.
   virtual std::optional<KindView> CachedView(const std::string& kind);
+  // Calls `read` with the view CachedView would copy and returns true, or
+  // returns false without calling it when none is cached. `read` runs
+  // under the registry's lock: it must be quick and must not call the
+  // registry. A pod that keeps its own copy brings it up to date this way,
+  // paying for what changed instead of copying the fleet. The default
+  // calls CachedView.
+  virtual bool ReadCachedView(const std::string& kind,
+                              absl::FunctionRef<void(const KindView&)> read);
   // After this returns, the listener is not running and will not run.
   virtual void RemoveChangeListener(int64_t id) = 0;
 };

@@ -124,6 +124,15 @@ class FaultyNodeRegistry : public NodeRegistry {
     if (down_.load()) return std::nullopt;
     return base_->CachedView(kind);
   }
+  bool ReadCachedView(const std::string& kind,
+                      absl::FunctionRef<void(const KindView&)> read) override {
+    {
+      std::lock_guard<std::mutex> l(hang_mu_);
+      if (hang_) return false;
+    }
+    if (down_.load()) return false;
+    return base_->ReadCachedView(kind, read);
+  }
   // Notifications still arrive while down: they only make pollers look.
   int64_t AddChangeListener(std::function<void()> listener) override {
     int64_t id = base_->AddChangeListener(listener);

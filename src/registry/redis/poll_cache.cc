@@ -19,45 +19,46 @@ void PollCache::Clear() {
   epoch_.clear();
 }
 
-KindView PollCache::ViewOf(const Kind& k) {
-  return KindView{k.members, k.held};
-}
+KindView PollCache::ViewOf(const Kind& k) { return k.view; }
 
 void PollCache::ApplyOne(Kind& k, const std::string& name,
                          const LoggedChange& c) {
   switch (c.op) {
     case '+':
       if (UsableMemberId(c.id, name)) {
-        auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
-        if (pos == k.members.end() || *pos != c.id) {
-          k.members.insert(pos, c.id);
+        auto pos = std::lower_bound(k.view.members.begin(),
+                                    k.view.members.end(), c.id);
+        if (pos == k.view.members.end() || *pos != c.id) {
+          k.view.members.insert(pos, c.id);
           // A record written before its node joined is now in view.
           if (auto o = k.orphans.find(c.id); o != k.orphans.end()) {
-            k.held[c.id] = std::move(o->second);
+            k.view.held[c.id] = std::move(o->second);
             k.orphans.erase(o);
           }
         }
       }
       break;
     case '-': {
-      auto pos = std::lower_bound(k.members.begin(), k.members.end(), c.id);
-      if (pos != k.members.end() && *pos == c.id) k.members.erase(pos);
-      k.held.erase(c.id);
+      auto pos =
+          std::lower_bound(k.view.members.begin(), k.view.members.end(), c.id);
+      if (pos != k.view.members.end() && *pos == c.id)
+        k.view.members.erase(pos);
+      k.view.held.erase(c.id);
       k.orphans.erase(c.id);
       break;
     }
     case 'h': {
-      k.held.erase(c.id);
+      k.view.held.erase(c.id);
       k.orphans.erase(c.id);
       absl::StatusOr<Assignment> a = ParseHeld(c.value);
       if (!a.ok()) break;  // Left out, as a full read leaves it out.
-      const bool member =
-          std::binary_search(k.members.begin(), k.members.end(), c.id);
-      (member ? k.held : k.orphans)[c.id] = *std::move(a);
+      const bool member = std::binary_search(k.view.members.begin(),
+                                             k.view.members.end(), c.id);
+      (member ? k.view.held : k.orphans)[c.id] = *std::move(a);
       break;
     }
     default:  // 'd' (ParseLoggedChange allows no other op).
-      k.held.erase(c.id);
+      k.view.held.erase(c.id);
       k.orphans.erase(c.id);
       break;
   }
@@ -90,6 +91,14 @@ std::optional<KindView> PollCache::View(const std::string& kind) const {
   return ViewOf(it->second);
 }
 
+bool PollCache::Read(const std::string& kind,
+                     absl::FunctionRef<void(const KindView&)> read) const {
+  auto it = kinds_.find(kind);
+  if (it == kinds_.end()) return false;
+  read(it->second.view);
+  return true;
+}
+
 uint64_t PollCache::seq(const std::string& kind) const {
   auto it = kinds_.find(kind);
   return it == kinds_.end() ? 0 : it->second.seq;
@@ -111,7 +120,7 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
                               cached->second.seq == *answer.seq;
       if (comparable) {
         const Kind& mine = cached->second;
-        if (mine.members != view.members || mine.held != view.held) {
+        if (mine.view.members != view.members || mine.view.held != view.held) {
           warnings->push_back(absl::StrCat(
               "kind ", name,
               ": the members or records changed without an entry in the "
@@ -126,8 +135,8 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
       }
       Kind& k = kinds_[name];
       k.seq = *answer.seq;
-      k.members = view.members;
-      k.held = view.held;
+      k.view.members = view.members;
+      k.view.held = view.held;
       k.orphans.clear();
       k.polls = 0;
       continue;
@@ -157,15 +166,16 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
     auto ids = request.kinds.find(name);
     if (ids != request.kinds.end()) {
       for (const std::string& id : ids->second) {
-        if (!std::binary_search(k.members.begin(), k.members.end(), id)) {
+        if (!std::binary_search(k.view.members.begin(), k.view.members.end(),
+                                id)) {
           continue;  // Not a usable member: no record in any view.
         }
         auto fresh = view.held.find(id);
-        auto mine = k.held.find(id);
+        auto mine = k.view.held.find(id);
         const bool same =
             (fresh == view.held.end())
-                ? mine == k.held.end()
-                : (mine != k.held.end() && mine->second == fresh->second);
+                ? mine == k.view.held.end()
+                : (mine != k.view.held.end() && mine->second == fresh->second);
         if (!same) {
           warnings->push_back(absl::StrCat(
               "kind ", name, " node ", id,

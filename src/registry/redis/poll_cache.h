@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "registry/redis/registry_codec.h"
 #include "setpoint/node/node_registry.h"
 
@@ -60,6 +61,10 @@ class PollCache {
                 const std::vector<LoggedChange>& changes);
   // The cached view of `kind`, or nullopt when none is cached.
   std::optional<KindView> View(const std::string& kind) const;
+  // Calls `read` with the cached view of `kind` and returns true, or
+  // returns false when none is cached.
+  bool Read(const std::string& kind,
+            absl::FunctionRef<void(const KindView&)> read) const;
   // The seq `kind`'s view is at (0 when none is cached).
   uint64_t seq(const std::string& kind) const;
   // Drops every cached view.
@@ -73,10 +78,10 @@ class PollCache {
  private:
   struct Kind {
     uint64_t seq = 0;
-    std::vector<std::string> members;  // Sorted, usable ids only.
-    // Records that parse, of members (the view's), and of ids that are not
-    // members (out of view until they join, as in a full read).
-    std::map<std::string, Assignment> held;
+    // Members: sorted, usable ids only. Records that parse, of members
+    // (the view's held), and of ids that are not members (orphans: out of
+    // view until they join, as in a full read).
+    KindView view;
     std::map<std::string, Assignment> orphans;
     int polls = 0;  // Since the last full read.
   };

@@ -539,6 +539,13 @@ std::optional<KindView> RedisNodeRegistry::CachedView(const std::string& kind) {
   return d.cache.View(kind);
 }
 
+bool RedisNodeRegistry::ReadCachedView(
+    const std::string& kind, absl::FunctionRef<void(const KindView&)> read) {
+  Impl& d = *impl_;
+  MutexLock l(&d.poll_mu);
+  return d.cache.Read(kind, read);
+}
+
 absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(
     const Context& ctx, const PollRequest& request, bool* again) {
   *again = false;

@@ -1,0 +1,40 @@
+// Keeping a pod's copy of a kind's view equal to the registry's cached one
+// by writing only what differs. A pod re-reads the cached view after every
+// announced join or leave; copying the whole of it (every member and
+// record of the fleet, then freeing the old copy) cost each pod more than
+// the rule it feeds, and every pod of the fleet pays it on every change.
+// Pure: no locks, no registry. Internal to src/node;
+// tests/node/view_sync_test.cc covers it.
+//
+//   ViewSync s = SyncView(cached, own_ids, &my_view);
+//   if (s.changed()) { ...targets moved, s.joined / s.left say why... }
+//
+// Thread safety: a function of its arguments; the caller owns `to`.
+#ifndef SETPOINT_SRC_NODE_VIEW_SYNC_H_
+#define SETPOINT_SRC_NODE_VIEW_SYNC_H_
+
+#include <string>
+#include <vector>
+
+#include "setpoint/node/node_registry.h"
+
+namespace setpoint {
+
+// What SyncView found different.
+struct ViewSync {
+  bool joined = false;        // Some member of `from` was not in `to`.
+  bool left = false;          // Some member of `to` is not in `from`.
+  bool held_changed = false;  // Some record of another id differed.
+  bool changed() const { return joined || left || held_changed; }
+};
+
+// Makes `to` equal to `from`, except the records of the ids in `own`
+// (sorted), which stay as they are in `to`: the caller keeps those from
+// its own polls and handoffs. Entries that are already equal are left
+// alone, so the cost is a comparison of the two views plus the changes.
+ViewSync SyncView(const KindView& from, const std::vector<std::string>& own,
+                  KindView* to);
+
+}  // namespace setpoint
+
+#endif  // SETPOINT_SRC_NODE_VIEW_SYNC_H_
