@@ -363,7 +363,8 @@ void NodeManager::Tick() {
   PollRequest request{.lease = options_.lease,
                       .min_version = max_version_,
                       .min_tokens = max_tokens_,
-                      .own_held_only = false};
+                      .own_held_only = false,
+                      .cached_view_ok = true};
   bool poll, refresh;
   {
     MutexLock l(&mu_);
@@ -506,8 +507,20 @@ void NodeManager::Tick() {
   }
   if (result.ok()) {
     std::optional<PollResult> previous = std::move(last_view_);
+    std::map<std::string, KindDelta> deltas;
+    if (!FillFromCache(previous, *result, &deltas)) {
+      // The cache went away under us (someone else's poll dropped it):
+      // act on nothing until a poll reads everything.
+      {
+        MutexLock l(&mu_);
+        poll_needed_ = true;
+      }
+      SelfFence();
+      return;
+    }
     last_view_ = std::move(*result);
-    Retarget(DeltasSince(previous), std::move(last_targets_));
+    DeltasSince(previous, &deltas);
+    Retarget(deltas, std::move(last_targets_));
   } else {
     last_view_.reset();  // Act only on a fresh view once polls work again.
   }
@@ -537,11 +550,75 @@ void NodeManager::RefreshFromCache() {
   Retarget(deltas, std::move(last_targets_));
 }
 
-std::map<std::string, NodeManager::KindDelta> NodeManager::DeltasSince(
-    const std::optional<PollResult>& previous) const {
-  std::map<std::string, KindDelta> out;
+bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
+                                PollResult& result,
+                                std::map<std::string, KindDelta>* deltas) {
+  const bool same_state = previous.has_value() &&
+                          previous->epoch == result.epoch &&
+                          previous->drained == result.drained;
+  for (const std::string& kind : result.from_cache) {
+    KindView& fresh = result.kinds[kind];  // Our own records, from Redis.
+    // Start from our view before (moved: it is replaced anyway) and write
+    // what the cache has that it lacks.
+    KindView view;
+    bool had = false;
+    if (previous.has_value()) {
+      if (auto it = previous->kinds.find(kind); it != previous->kinds.end()) {
+        view = std::move(it->second);
+        previous->kinds.erase(it);
+        had = true;
+      }
+    }
+    std::vector<std::string> own;
+    for (const auto& slot : slots_) {
+      if (slot->info.kind == kind) own.push_back(slot->info.id);
+    }
+    std::sort(own.begin(), own.end());
+    ViewSync sync;
+    if (!options_.registry->ReadCachedView(kind, [&](const KindView& cached) {
+          sync = SyncView(cached, own, &view);
+        })) {
+      return false;
+    }
+    // Our own records exactly as this poll read them.
+    bool own_changed = false;
+    for (const std::string& id : own) {
+      auto got = fresh.held.find(id);
+      auto mine = view.held.find(id);
+      if (got == fresh.held.end()) {
+        if (mine != view.held.end()) {
+          view.held.erase(mine);
+          own_changed = true;
+        }
+      } else if (mine == view.held.end()) {
+        view.held.emplace(id, got->second);
+        own_changed = true;
+      } else if (!(mine->second == got->second)) {
+        mine->second = got->second;
+        own_changed = true;
+      }
+    }
+    fresh = std::move(view);
+    KindDelta& d = (*deltas)[kind];
+    d.same = had && same_state && !sync.changed() && !own_changed;
+    if (d.same) continue;
+    if (!previous.has_value()) {
+      d.why = "start";
+    } else if (previous->epoch != result.epoch) {
+      d.why = "epoch";
+    } else {
+      d.why = lease_protocol::MoveReasonOf(previous->drained != result.drained,
+                                           sync.joined || !had, sync.left);
+    }
+  }
+  return true;
+}
+
+void NodeManager::DeltasSince(const std::optional<PollResult>& previous,
+                              std::map<std::string, KindDelta>* deltas) const {
   for (const auto& [kind, view] : last_view_->kinds) {
-    KindDelta& d = out[kind];
+    if (deltas->contains(kind)) continue;  // Known already.
+    KindDelta& d = (*deltas)[kind];
     auto was = previous.has_value() ? previous->kinds.find(kind)
                                     : decltype(previous->kinds.end()){};
     d.same = previous.has_value() && was != previous->kinds.end() &&
@@ -560,7 +637,6 @@ std::map<std::string, NodeManager::KindDelta> NodeManager::DeltasSince(
                                                 .drained = &last_view_->drained,
                                                 .kind = &view});
   }
-  return out;
 }
 
 void NodeManager::Retarget(

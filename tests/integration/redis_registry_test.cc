@@ -991,6 +991,37 @@ TEST_F(RedisNodeManagerTest, PodsFollowJoinsAndLeavesFromTheAnnouncements) {
   EXPECT_GE(b.stats().views_from_notices, 1);
 }
 
+TEST_F(RedisNodeManagerTest, AnOwnRecordRewrittenPastTheLogStopsTheNode) {
+  // Polls answered from the cache carry the pod's own records as Redis has
+  // them: a record rewritten by hand (no change-log entry, no announcement)
+  // stops its node at the next poll, which then starts over with a grant.
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a}); }));
+  ASSERT_TRUE(AwaitCondition(
+      [&] { return registries_.back()->polls_with_changes_only() >= 2; }));
+  const int64_t fences = a.stats().fences;
+  uint64_t token = 0;
+  for (const NodeState& n : a.Nodes()) {
+    if (n.id == "a/vm/0") token = n.active.token;
+  }
+  ASSERT_GT(token, 0u);
+  redis::RedisClient raw(*redis::ParseRedisAddress(server_.address()), {},
+                         NullLogger());
+  ASSERT_THAT(
+      raw.Command({"HSET", registries_.back()->prefix() + ":kind:vm:held",
+                   "a/vm/0", absl::StrCat("0 32 ", token + 1000)})
+          .status(),
+      IsOk());
+  ASSERT_TRUE(AwaitCondition([&] { return a.stats().fences > fences; }));
+  ASSERT_TRUE(AwaitCondition([&] {
+    for (const NodeState& n : a.Nodes()) {
+      if (n.id == "a/vm/0" && n.active.token > token + 1000) return true;
+    }
+    return false;
+  }));
+  ASSERT_TRUE(AwaitCondition([&] { return Covered({&a}); }));
+}
+
 TEST_F(RedisNodeManagerTest, UnreachableRedisFencesEveryoneThenRecovers) {
   NodeManager& a = StartPod("a");
   NodeManager& b = StartPod("b");

@@ -270,9 +270,17 @@ class NodeManager {
     bool same = false;
     std::string why = "none";
   };
-  // KindDelta per kind of last_view_, against the view before it.
-  std::map<std::string, KindDelta> DeltasSince(
-      const std::optional<PollResult>& previous) const;
+  // For the kinds `result` says were answered from the registry's cache
+  // (PollResult::from_cache): the view before (taken out of `previous`)
+  // brought up to the cached one (SyncView) with our own records as the
+  // poll read them, put into `result`, with what changed in `deltas`.
+  // False when the registry no longer has one of those views.
+  bool FillFromCache(std::optional<PollResult>& previous, PollResult& result,
+                     std::map<std::string, KindDelta>* deltas);
+  // KindDelta per kind of last_view_ that `deltas` lacks, against the
+  // view before it.
+  void DeltasSince(const std::optional<PollResult>& previous,
+                   std::map<std::string, KindDelta>* deltas) const;
   // After last_view_ changed (a poll, or announced changes the registry's
   // cache took in): each node's target on it, and the moves towards them.
   // `previous_targets` are the targets of the view before.

@@ -68,6 +68,13 @@ struct PollRequest {
   // registry checks everyone else's at each grant). Less to send and read
   // in a large fleet; operator tools leave it false.
   bool own_held_only = false;
+  // The caller keeps its own copy of each kind's view and brings it up to
+  // date with ReadCachedView. A kind the registry answers from its cache
+  // then comes back without members and with only the records of the ids
+  // in `kinds` (read from the store by this poll, never from the cache),
+  // and is named in PollResult::from_cache: nothing of the fleet is copied
+  // into the answer. Registries without a cache ignore it.
+  bool cached_view_ok = false;
 };
 
 // What every live node of one kind has, as the registry saw it.
@@ -101,6 +108,10 @@ struct PollResult {
   // Pods an operator drained (SetDrained): their nodes get no share of the
   // ring (ShareMembers) until undrained.
   std::set<std::string> drained;
+  // Kinds answered from the registry's cache (PollRequest::cached_view_ok):
+  // their KindView holds only the caller's own records; every member and
+  // every other record is ReadCachedView's.
+  std::set<std::string> from_cache;
 };
 
 // Several releases and grants of one pod's nodes, sent together (Handoff):

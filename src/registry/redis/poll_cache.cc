@@ -186,7 +186,22 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
         }
       }
     }
-    view = ViewOf(k);
+    if (request.cached_view_ok) {
+      // The caller reads the rest from the cache (ReadCachedView): the
+      // answer keeps the records the poll read of its own ids only, those
+      // of usable members, as a view would.
+      for (auto it = view.held.begin(); it != view.held.end();) {
+        if (std::binary_search(k.view.members.begin(), k.view.members.end(),
+                               it->first)) {
+          ++it;
+        } else {
+          it = view.held.erase(it);
+        }
+      }
+      result.from_cache.insert(name);
+    } else {
+      view = ViewOf(k);
+    }
     change_polls_ += 1;
     changes_applied_ += static_cast<int64_t>(answer.changes.size());
   }

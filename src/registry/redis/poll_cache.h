@@ -42,7 +42,9 @@ class PollCache {
   // read). Counts the poll.
   std::optional<uint64_t> Since(const std::string& kind);
 
-  // Completes decoded->result where the poll sent changes only, and caches
+  // Completes decoded->result where the poll sent changes only (or, with
+  // PollRequest::cached_view_ok, names those kinds in from_cache and leaves
+  // them with the records the poll read of the caller's ids), and caches
   // the full views that may be cached. False when changes do not follow the
   // cached view (a gap in the seqs, another epoch) or disagree with the
   // records read with them: every cached view is dropped, and the caller
