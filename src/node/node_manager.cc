@@ -508,9 +508,14 @@ void NodeManager::Tick() {
   if (result.ok()) {
     std::optional<PollResult> previous = std::move(last_view_);
     std::map<std::string, KindDelta> deltas;
+    // Views read whole by this poll stand nowhere in the cache's history.
+    for (const auto& [kind, view] : result->kinds) {
+      if (!result->from_cache.contains(kind)) view_marks_.erase(kind);
+    }
     if (!FillFromCache(previous, *result, &deltas)) {
       // The cache went away under us (someone else's poll dropped it):
       // act on nothing until a poll reads everything.
+      view_marks_.clear();
       {
         MutexLock l(&mu_);
         poll_needed_ = true;
@@ -523,6 +528,7 @@ void NodeManager::Tick() {
     Retarget(deltas, std::move(last_targets_));
   } else {
     last_view_.reset();  // Act only on a fresh view once polls work again.
+    view_marks_.clear();
   }
   SelfFence();
 }
@@ -539,9 +545,12 @@ void NodeManager::RefreshFromCache() {
     }
     std::sort(own.begin(), own.end());
     ViewSync sync;
-    options_.registry->ReadCachedView(kind, [&](const KindView& cached) {
-      sync = SyncView(cached, own, &view);
-    });
+    CachedViewMark& mark = view_marks_[kind];
+    options_.registry->ReadCachedView(
+        kind, mark, [&](const CachedViewRead& cached) {
+          sync = SyncView(cached.view, own, &view, cached.changed);
+          mark = cached.at;
+        });
     // No cached view: ours stands as it is.
     deltas[kind] = KindDelta{
         .same = !sync.changed(),
@@ -575,9 +584,14 @@ bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
     }
     std::sort(own.begin(), own.end());
     ViewSync sync;
-    if (!options_.registry->ReadCachedView(kind, [&](const KindView& cached) {
-          sync = SyncView(cached, own, &view);
-        })) {
+    // Where our view before stood; nowhere when we start from nothing.
+    CachedViewMark& mark = view_marks_[kind];
+    if (!had) mark = CachedViewMark{};
+    if (!options_.registry->ReadCachedView(
+            kind, mark, [&](const CachedViewRead& cached) {
+              sync = SyncView(cached.view, own, &view, cached.changed);
+              mark = cached.at;
+            })) {
       return false;
     }
     // Our own records exactly as this poll read them.

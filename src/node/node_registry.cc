@@ -95,10 +95,11 @@ std::optional<KindView> NodeRegistry::CachedView(const std::string&) {
 }
 
 bool NodeRegistry::ReadCachedView(
-    const std::string& kind, absl::FunctionRef<void(const KindView&)> read) {
+    const std::string& kind, const CachedViewMark&,
+    absl::FunctionRef<void(const CachedViewRead&)> read) {
   std::optional<KindView> view = CachedView(kind);
   if (!view.has_value()) return false;
-  read(*view);
+  read(CachedViewRead{.view = *view, .at = {}, .changed = nullptr});
   return true;
 }
 

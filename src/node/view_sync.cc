@@ -13,8 +13,39 @@ bool IsOwn(const std::vector<std::string>& own, const std::string& id) {
 }  // namespace
 
 ViewSync SyncView(const KindView& from, const std::vector<std::string>& own,
-                  KindView* to) {
+                  KindView* to, const std::vector<std::string>* changed) {
   ViewSync out;
+  if (changed != nullptr) {
+    for (const std::string& id : *changed) {
+      const bool in_from =
+          std::binary_search(from.members.begin(), from.members.end(), id);
+      auto pos = std::lower_bound(to->members.begin(), to->members.end(), id);
+      const bool in_to = pos != to->members.end() && *pos == id;
+      if (in_from && !in_to) {
+        to->members.insert(pos, id);
+        out.joined = true;
+      } else if (!in_from && in_to) {
+        to->members.erase(pos);
+        out.left = true;
+      }
+      if (IsOwn(own, id)) continue;
+      auto f = from.held.find(id);
+      auto t = to->held.find(id);
+      if (f == from.held.end()) {
+        if (t != to->held.end()) {
+          to->held.erase(t);
+          out.held_changed = true;
+        }
+      } else if (t == to->held.end()) {
+        to->held.emplace(id, f->second);
+        out.held_changed = true;
+      } else if (!(t->second == f->second)) {
+        t->second = f->second;
+        out.held_changed = true;
+      }
+    }
+    return out;
+  }
   // Members: both sorted; one walk finds who came and who went.
   auto f = from.members.cbegin();
   auto t = to->members.cbegin();

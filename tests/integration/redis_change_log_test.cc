@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "node/view_sync.h"
 #include "registry/redis/redis_client.h"
 #include "setpoint/base/mutex.h"
 #include "setpoint/node/node_registry.h"
@@ -176,7 +177,9 @@ TEST_F(RedisChangeLogTest, PollsThatLeaveTheFleetInTheCacheGiveTheSameView) {
   auto own = reader_->Grant(ctx_, "vm", "r/vm/0", {4000, 4096}, epoch_);
   ASSERT_THAT(own.status(), IsOk());
   std::mt19937 rng(20261207);
-  int from_cache = 0;
+  int from_cache = 0, named = 0;
+  KindView kept;
+  CachedViewMark mark;
   for (int step = 0; step < 60; ++step) {
     const std::string id = absl::StrCat("w/vm/", rng() % 5);
     const uint32_t lo = 100 * static_cast<uint32_t>(id.back() - '0');
@@ -208,9 +211,21 @@ TEST_F(RedisChangeLogTest, PollsThatLeaveTheFleetInTheCacheGiveTheSameView) {
       ASSERT_EQ(view.held.size(), 1u) << when;
       EXPECT_EQ(view.held.at("r/vm/0").token, *own) << when;
       KindView cached;
-      ASSERT_TRUE(reader_->ReadCachedView("vm", [&](const KindView& v) {
-        cached = v;
-      })) << when;
+      ASSERT_TRUE(reader_->ReadCachedView(
+          "vm", {}, [&](const CachedViewRead& v) { cached = v.view; }))
+          << when;
+      // A copy kept up by the ids the cache names since the last look is
+      // the same view.
+      ASSERT_TRUE(reader_->ReadCachedView("vm", mark,
+                                          [&](const CachedViewRead& v) {
+                                            if (v.changed != nullptr) ++named;
+                                            SyncView(v.view, {}, &kept,
+                                                     v.changed);
+                                            mark = v.at;
+                                          }))
+          << when;
+      EXPECT_EQ(kept.members, cached.members) << when;
+      EXPECT_EQ(kept.held, cached.held) << when;
       cached.held["r/vm/0"] = view.held.at("r/vm/0");
       view = cached;
     }
@@ -219,8 +234,11 @@ TEST_F(RedisChangeLogTest, PollsThatLeaveTheFleetInTheCacheGiveTheSameView) {
     EXPECT_EQ(view.members, full->kinds["vm"].members) << when;
     EXPECT_EQ(view.held, full->kinds["vm"].held) << when;
   }
-  // Every 16th poll of a kind reads everything; the rest use the cache.
+  // Every 16th poll of a kind reads everything; the rest use the cache,
+  // and the cache named what changed (not at the first look, nor after a
+  // full read that found something the log had not said).
   EXPECT_GE(from_cache, 50);
+  EXPECT_GE(named, 40);
 }
 
 TEST_F(RedisChangeLogTest, AnnouncementsKeepAViewCurrentWithoutPolls) {

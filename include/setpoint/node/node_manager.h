@@ -419,6 +419,11 @@ class NodeManager {
   // (PollRequest::min_tokens).
   std::map<std::string, uint64_t> max_tokens_;
   std::optional<PollResult> last_view_;
+  // Kind -> where last_view_'s view of it stood in the registry's cache
+  // when it was last brought up to it (ReadCachedView), so the next time
+  // only the ids changed since are looked at. None for a view a poll read
+  // whole.
+  std::map<std::string, CachedViewMark> view_marks_;
   std::map<std::string, std::map<std::string, ShardSet>> last_targets_;
   // Kind -> why its targets last moved (join, leave, drain, epoch, start;
   // lease_protocol::MoveReason), for the handoff's log lines.

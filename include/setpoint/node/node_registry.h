@@ -44,6 +44,16 @@
 
 namespace setpoint {
 
+// Where a registry's cached view of a kind stands (ReadCachedView): which
+// whole read it grew from, and the seq of the last change applied to it.
+// The zero mark stands nowhere.
+struct CachedViewMark {
+  uint64_t incarnation = 0;
+  uint64_t seq = 0;
+  friend bool operator==(const CachedViewMark&,
+                         const CachedViewMark&) = default;
+};
+
 // One pod's heartbeat: the nodes it runs, per kind, and their lease.
 struct PollRequest {
   // Kind -> ids of this pod's live nodes of that kind. Each is registered
@@ -86,6 +96,18 @@ struct KindView {
   // a member that holds nothing is absent, and so is one whose record does
   // not parse (its owner must treat that as "not mine").
   std::map<std::string, Assignment> held;
+};
+
+// What ReadCachedView's reader is given.
+struct CachedViewRead {
+  const KindView& view;
+  // Where `view` stands.
+  CachedViewMark at;
+  // The ids whose membership or record may differ between the view at the
+  // caller's `since` and `view` (each once or more), or null when the
+  // registry cannot tell (another incarnation, too far back, no tracking):
+  // then anything may differ.
+  const std::vector<std::string>* changed = nullptr;
 };
 
 struct PollResult {
@@ -317,11 +339,14 @@ class NodeRegistry {
   // Calls `read` with the view CachedView would copy and returns true, or
   // returns false without calling it when none is cached. `read` runs
   // under the registry's lock: it must be quick and must not call the
-  // registry. A pod that keeps its own copy brings it up to date this way,
-  // paying for what changed instead of copying the fleet. The default
-  // calls CachedView.
-  virtual bool ReadCachedView(const std::string& kind,
-                              absl::FunctionRef<void(const KindView&)> read);
+  // registry. It is also told where the view stands (CachedViewMark) and,
+  // when the registry can tell, which ids changed since `since`, where the
+  // caller's copy stood: a pod that keeps its own copy brings it up to
+  // date this way, paying for what changed instead of copying or comparing
+  // the fleet. The default calls CachedView and cannot tell.
+  virtual bool ReadCachedView(
+      const std::string& kind, const CachedViewMark& since,
+      absl::FunctionRef<void(const CachedViewRead&)> read);
   // After this returns, the listener is not running and will not run.
   virtual void RemoveChangeListener(int64_t id) = 0;
 };

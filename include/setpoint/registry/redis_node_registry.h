@@ -156,8 +156,9 @@ class RedisNodeRegistry : public NodeRegistry {
   // The view the last poll left, with the changes announced since applied
   // (each announcement carries its change-log entries).
   std::optional<KindView> CachedView(const std::string& kind) override;
-  bool ReadCachedView(const std::string& kind,
-                      absl::FunctionRef<void(const KindView&)> read) override;
+  bool ReadCachedView(
+      const std::string& kind, const CachedViewMark& since,
+      absl::FunctionRef<void(const CachedViewRead&)> read) override;
   int64_t AddChangeListener(std::function<void()> listener) override;
   void RemoveChangeListener(int64_t id) override;
 

@@ -124,14 +124,15 @@ class FaultyNodeRegistry : public NodeRegistry {
     if (down_.load()) return std::nullopt;
     return base_->CachedView(kind);
   }
-  bool ReadCachedView(const std::string& kind,
-                      absl::FunctionRef<void(const KindView&)> read) override {
+  bool ReadCachedView(
+      const std::string& kind, const CachedViewMark& since,
+      absl::FunctionRef<void(const CachedViewRead&)> read) override {
     {
       std::lock_guard<std::mutex> l(hang_mu_);
       if (hang_) return false;
     }
     if (down_.load()) return false;
-    return base_->ReadCachedView(kind, read);
+    return base_->ReadCachedView(kind, since, read);
   }
   // Notifications still arrive while down: they only make pollers look.
   int64_t AddChangeListener(std::function<void()> listener) override {

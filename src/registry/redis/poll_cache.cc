@@ -23,6 +23,13 @@ KindView PollCache::ViewOf(const Kind& k) { return k.view; }
 
 void PollCache::ApplyOne(Kind& k, const std::string& name,
                          const LoggedChange& c) {
+  if (k.touched.size() >= kMaxTouched) {
+    const size_t drop = k.touched.size() / 2;
+    k.touched_from = k.touched[drop - 1].first;
+    k.touched.erase(k.touched.begin(),
+                    k.touched.begin() + static_cast<ptrdiff_t>(drop));
+  }
+  k.touched.emplace_back(c.seq, c.id);
   switch (c.op) {
     case '+':
       if (UsableMemberId(c.id, name)) {
@@ -91,11 +98,26 @@ std::optional<KindView> PollCache::View(const std::string& kind) const {
   return ViewOf(it->second);
 }
 
-bool PollCache::Read(const std::string& kind,
-                     absl::FunctionRef<void(const KindView&)> read) const {
+bool PollCache::Read(
+    const std::string& kind, const CachedViewMark& since,
+    absl::FunctionRef<void(const CachedViewRead&)> read) const {
   auto it = kinds_.find(kind);
   if (it == kinds_.end()) return false;
-  read(it->second.view);
+  const Kind& k = it->second;
+  const CachedViewMark at{.incarnation = k.incarnation, .seq = k.seq};
+  if (since.incarnation != k.incarnation || since.seq < k.touched_from ||
+      since.seq > k.seq) {
+    read(CachedViewRead{.view = k.view, .at = at, .changed = nullptr});
+    return true;
+  }
+  std::vector<std::string> changed;
+  auto from = std::upper_bound(
+      k.touched.begin(), k.touched.end(), since.seq,
+      [](uint64_t seq, const std::pair<uint64_t, std::string>& t) {
+        return seq < t.first;
+      });
+  for (; from != k.touched.end(); ++from) changed.push_back(from->second);
+  read(CachedViewRead{.view = k.view, .at = at, .changed = &changed});
   return true;
 }
 
@@ -118,9 +140,12 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
       const bool comparable = cached != kinds_.end() &&
                               answer.seq.has_value() &&
                               cached->second.seq == *answer.seq;
+      bool unchanged = false;
       if (comparable) {
         const Kind& mine = cached->second;
-        if (mine.view.members != view.members || mine.view.held != view.held) {
+        unchanged =
+            mine.view.members == view.members && mine.view.held == view.held;
+        if (!unchanged) {
           warnings->push_back(absl::StrCat(
               "kind ", name,
               ": the members or records changed without an entry in the "
@@ -134,11 +159,17 @@ bool PollCache::Merge(DecodedPoll* decoded, const PollRequest& request,
         continue;
       }
       Kind& k = kinds_[name];
-      k.seq = *answer.seq;
-      k.view.members = view.members;
-      k.view.held = view.held;
       k.orphans.clear();
       k.polls = 0;
+      // The same view at the same seq: readers' marks still hold.
+      if (unchanged) continue;
+      k.seq = *answer.seq;
+      // A view read whole: readers compare all of it once more.
+      k.incarnation = ++incarnations_;
+      k.touched_from = k.seq;
+      k.touched.clear();
+      k.view.members = view.members;
+      k.view.held = view.held;
       continue;
     }
     // Changes only: they must start right after the cached view.

@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -63,10 +64,11 @@ class PollCache {
                 const std::vector<LoggedChange>& changes);
   // The cached view of `kind`, or nullopt when none is cached.
   std::optional<KindView> View(const std::string& kind) const;
-  // Calls `read` with the cached view of `kind` and returns true, or
-  // returns false when none is cached.
-  bool Read(const std::string& kind,
-            absl::FunctionRef<void(const KindView&)> read) const;
+  // Calls `read` with the cached view of `kind`, where it stands, and the
+  // ids changed since `since` when the view grew from the same full read
+  // and still remembers them; returns false when none is cached.
+  bool Read(const std::string& kind, const CachedViewMark& since,
+            absl::FunctionRef<void(const CachedViewRead&)> read) const;
   // The seq `kind`'s view is at (0 when none is cached).
   uint64_t seq(const std::string& kind) const;
   // Drops every cached view.
@@ -85,13 +87,23 @@ class PollCache {
     // view until they join, as in a full read).
     KindView view;
     std::map<std::string, Assignment> orphans;
+    // Which full read the view grew from (PollCache-wide count), and the
+    // ids each change since touched, with its seq: complete after
+    // touched_from (older ones are dropped past kMaxTouched).
+    uint64_t incarnation = 0;
+    uint64_t touched_from = 0;
+    std::vector<std::pair<uint64_t, std::string>> touched;
     int polls = 0;  // Since the last full read.
   };
   static KindView ViewOf(const Kind& k);
   // One logged change, applied to `k` (of kind `name`).
   static void ApplyOne(Kind& k, const std::string& name, const LoggedChange& c);
 
+  // Touched ids kept per kind; the older half goes when there are more.
+  static constexpr size_t kMaxTouched = 4096;
+
   int full_every_;
+  uint64_t incarnations_ = 0;
   std::string epoch_;
   std::map<std::string, Kind> kinds_;
   int64_t change_polls_ = 0;

@@ -540,10 +540,11 @@ std::optional<KindView> RedisNodeRegistry::CachedView(const std::string& kind) {
 }
 
 bool RedisNodeRegistry::ReadCachedView(
-    const std::string& kind, absl::FunctionRef<void(const KindView&)> read) {
+    const std::string& kind, const CachedViewMark& since,
+    absl::FunctionRef<void(const CachedViewRead&)> read) {
   Impl& d = *impl_;
   MutexLock l(&d.poll_mu);
-  return d.cache.Read(kind, read);
+  return d.cache.Read(kind, since, read);
 }
 
 absl::StatusOr<PollResult> RedisNodeRegistry::Impl::PollOnce(
