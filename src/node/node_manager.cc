@@ -554,7 +554,8 @@ void NodeManager::RefreshFromCache() {
     // No cached view: ours stands as it is.
     deltas[kind] = KindDelta{
         .same = !sync.changed(),
-        .why = lease_protocol::MoveReasonOf(false, sync.joined, sync.left)};
+        .why = lease_protocol::MoveReasonOf(false, sync.joined, sync.left),
+        .max_token = sync.max_token};
   }
   Retarget(deltas, std::move(last_targets_));
 }
@@ -596,9 +597,13 @@ bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
     }
     // Our own records exactly as this poll read them.
     bool own_changed = false;
+    uint64_t max_token = sync.max_token;
     for (const std::string& id : own) {
       auto got = fresh.held.find(id);
       auto mine = view.held.find(id);
+      if (got != fresh.held.end()) {
+        max_token = std::max(max_token, got->second.token);
+      }
       if (got == fresh.held.end()) {
         if (mine != view.held.end()) {
           view.held.erase(mine);
@@ -614,6 +619,7 @@ bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
     }
     fresh = std::move(view);
     KindDelta& d = (*deltas)[kind];
+    d.max_token = max_token;
     d.same = had && same_state && !sync.changed() && !own_changed;
     if (d.same) continue;
     if (!previous.has_value()) {
@@ -659,6 +665,11 @@ void NodeManager::Retarget(
   last_targets_.clear();
   for (const auto& [kind, view] : last_view_->kinds) {
     uint64_t& seen = max_tokens_[kind];
+    auto delta = deltas.find(kind);
+    if (delta != deltas.end() && delta->second.max_token.has_value()) {
+      seen = std::max(seen, *delta->second.max_token);
+      continue;
+    }
     for (const auto& [id, a] : view.held) seen = std::max(seen, a.token);
   }
   std::vector<Move> moves;

@@ -39,9 +39,11 @@ ViewSync SyncView(const KindView& from, const std::vector<std::string>& own,
       } else if (t == to->held.end()) {
         to->held.emplace(id, f->second);
         out.held_changed = true;
+        out.max_token = std::max(out.max_token, f->second.token);
       } else if (!(t->second == f->second)) {
         t->second = f->second;
         out.held_changed = true;
+        out.max_token = std::max(out.max_token, f->second.token);
       }
     }
     return out;
@@ -73,6 +75,7 @@ ViewSync SyncView(const KindView& from, const std::vector<std::string>& own,
       if (!IsOwn(own, fh->first)) {
         to->held.emplace_hint(th, fh->first, fh->second);
         out.held_changed = true;
+        out.max_token = std::max(out.max_token, fh->second.token);
       }
       ++fh;
     } else if (fh == from.held.end() || th->first < fh->first) {
@@ -86,6 +89,7 @@ ViewSync SyncView(const KindView& from, const std::vector<std::string>& own,
       if (!IsOwn(own, th->first) && !(th->second == fh->second)) {
         th->second = fh->second;
         out.held_changed = true;
+        out.max_token = std::max(out.max_token, fh->second.token);
       }
       ++fh;
       ++th;

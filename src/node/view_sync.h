@@ -15,6 +15,7 @@
 #ifndef SETPOINT_SRC_NODE_VIEW_SYNC_H_
 #define SETPOINT_SRC_NODE_VIEW_SYNC_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct ViewSync {
   bool joined = false;        // Some member of `from` was not in `to`.
   bool left = false;          // Some member of `to` is not in `from`.
   bool held_changed = false;  // Some record of another id differed.
+  uint64_t max_token = 0;     // The largest token of the records written.
   bool changed() const { return joined || left || held_changed; }
 };
 

@@ -155,6 +155,7 @@ TEST(ViewSyncTest, LookingOnlyAtTheChangedIdsGivesTheSameAsComparingAll) {
     EXPECT_EQ(by_name.joined, by_all.joined) << round;
     EXPECT_EQ(by_name.left, by_all.left) << round;
     EXPECT_EQ(by_name.held_changed, by_all.held_changed) << round;
+    EXPECT_EQ(by_name.max_token, by_all.max_token) << round;
   }
 }
 

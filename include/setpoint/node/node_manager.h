@@ -269,6 +269,9 @@ class NodeManager {
   struct KindDelta {
     bool same = false;
     std::string why = "none";
+    // The largest token among the records that came into the view, when
+    // only some did (a sync); none: look at every record.
+    std::optional<uint64_t> max_token;
   };
   // For the kinds `result` says were answered from the registry's cache
   // (PollResult::from_cache): the view before (taken out of `previous`)
