@@ -536,7 +536,9 @@ void NodeManager::Tick() {
 void NodeManager::RefreshFromCache() {
   if (!last_view_.has_value()) return;
   std::map<std::string, KindDelta> deltas;
-  for (auto& [kind, view] : last_view_->kinds) {
+  for (auto& entry : last_view_->kinds) {
+    const std::string& kind = entry.first;
+    KindView& view = entry.second;  // Not a binding: the reader uses it.
     // Our own records as our polls and handoffs left them: the cache
     // hears of them only from announcements, which may lag our replies.
     std::vector<std::string> own;
