@@ -512,7 +512,7 @@ void NodeManager::Tick() {
     for (const auto& [kind, view] : result->kinds) {
       if (!result->from_cache.contains(kind)) view_marks_.erase(kind);
     }
-    if (!FillFromCache(previous, *result, &deltas)) {
+    if (!FillFromCache(previous, request, *result, &deltas)) {
       // The cache went away under us (someone else's poll dropped it):
       // act on nothing until a poll reads everything.
       view_marks_.clear();
@@ -563,7 +563,7 @@ void NodeManager::RefreshFromCache() {
 }
 
 bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
-                                PollResult& result,
+                                const PollRequest& request, PollResult& result,
                                 std::map<std::string, KindDelta>* deltas) {
   const bool same_state = previous.has_value() &&
                           previous->epoch == result.epoch &&
@@ -597,10 +597,14 @@ bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
             })) {
       return false;
     }
-    // Our own records exactly as this poll read them.
+    // The records of the nodes this poll renewed exactly as it read them
+    // (those of our other nodes stay as our handoffs left them).
     bool own_changed = false;
     uint64_t max_token = sync.max_token;
-    for (const std::string& id : own) {
+    static const std::vector<std::string> kNone;
+    auto polled = request.kinds.find(kind);
+    for (const std::string& id :
+         polled != request.kinds.end() ? polled->second : kNone) {
       auto got = fresh.held.find(id);
       auto mine = view.held.find(id);
       if (got != fresh.held.end()) {

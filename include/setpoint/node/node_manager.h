@@ -275,10 +275,12 @@ class NodeManager {
   };
   // For the kinds `result` says were answered from the registry's cache
   // (PollResult::from_cache): the view before (taken out of `previous`)
-  // brought up to the cached one (SyncView) with our own records as the
-  // poll read them, put into `result`, with what changed in `deltas`.
+  // brought up to the cached one (SyncView) with the records of the nodes
+  // `request` renewed as the poll read them, put into `result`, with what
+  // changed in `deltas`.
   // False when the registry no longer has one of those views.
-  bool FillFromCache(std::optional<PollResult>& previous, PollResult& result,
+  bool FillFromCache(std::optional<PollResult>& previous,
+                     const PollRequest& request, PollResult& result,
                      std::map<std::string, KindDelta>* deltas);
   // KindDelta per kind of last_view_ that `deltas` lacks, against the
   // view before it.
