@@ -539,27 +539,32 @@ void NodeManager::RefreshFromCache() {
   for (auto& entry : last_view_->kinds) {
     const std::string& kind = entry.first;
     KindView& view = entry.second;  // Not a binding: the reader uses it.
-    // Our own records as our polls and handoffs left them: the cache
-    // hears of them only from announcements, which may lag our replies.
-    std::vector<std::string> own;
-    for (const auto& slot : slots_) {
-      if (slot->info.kind == kind) own.push_back(slot->info.id);
-    }
-    std::sort(own.begin(), own.end());
-    ViewSync sync;
-    CachedViewMark& mark = view_marks_[kind];
-    options_.registry->ReadCachedView(
-        kind, mark, [&](const CachedViewRead& cached) {
-          sync = SyncView(cached.view, own, &view, cached.changed);
-          mark = cached.at;
-        });
     // No cached view: ours stands as it is.
+    ViewSync sync;
+    SyncWithCache(kind, &view, &sync);
     deltas[kind] = KindDelta{
         .same = !sync.changed(),
         .why = lease_protocol::MoveReasonOf(false, sync.joined, sync.left),
         .max_token = sync.max_token};
   }
   Retarget(deltas, std::move(last_targets_));
+}
+
+bool NodeManager::SyncWithCache(const std::string& kind, KindView* view,
+                                ViewSync* sync) {
+  // Our own records as our polls and handoffs left them: the cache hears
+  // of them only from announcements, which may lag our replies.
+  std::vector<std::string> own;
+  for (const auto& slot : slots_) {
+    if (slot->info.kind == kind) own.push_back(slot->info.id);
+  }
+  std::sort(own.begin(), own.end());
+  CachedViewMark& mark = view_marks_[kind];
+  return options_.registry->ReadCachedView(
+      kind, mark, [&](const CachedViewRead& cached) {
+        *sync = SyncView(cached.view, own, view, cached.changed);
+        mark = cached.at;
+      });
 }
 
 bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
@@ -581,22 +586,11 @@ bool NodeManager::FillFromCache(std::optional<PollResult>& previous,
         had = true;
       }
     }
-    std::vector<std::string> own;
-    for (const auto& slot : slots_) {
-      if (slot->info.kind == kind) own.push_back(slot->info.id);
-    }
-    std::sort(own.begin(), own.end());
+    // Our view before stood where its mark says; nowhere when we start
+    // from nothing.
+    if (!had) view_marks_.erase(kind);
     ViewSync sync;
-    // Where our view before stood; nowhere when we start from nothing.
-    CachedViewMark& mark = view_marks_[kind];
-    if (!had) mark = CachedViewMark{};
-    if (!options_.registry->ReadCachedView(
-            kind, mark, [&](const CachedViewRead& cached) {
-              sync = SyncView(cached.view, own, &view, cached.changed);
-              mark = cached.at;
-            })) {
-      return false;
-    }
+    if (!SyncWithCache(kind, &view, &sync)) return false;
     // The records of the nodes this poll renewed exactly as it read them
     // (those of our other nodes stay as our handoffs left them).
     bool own_changed = false;

@@ -71,6 +71,8 @@
 
 namespace setpoint {
 
+struct ViewSync;  // Internal (src/node/view_sync.h).
+
 struct NodeKindOptions {
   // Names the kind; nodes of a kind split one ring. Non-empty, no '/'.
   std::string kind = "";
@@ -273,6 +275,11 @@ class NodeManager {
     // only some did (a sync); none: look at every record.
     std::optional<uint64_t> max_token;
   };
+  // Brings `view` (ours, of `kind`) up to the registry's cached view from
+  // where view_marks_ says it stood (SyncView, our own records left as
+  // they are), moves the mark and says what changed in `sync`; false when
+  // the registry has no cached view (nothing changes).
+  bool SyncWithCache(const std::string& kind, KindView* view, ViewSync* sync);
   // For the kinds `result` says were answered from the registry's cache
   // (PollResult::from_cache): the view before (taken out of `previous`)
   // brought up to the cached one (SyncView) with the records of the nodes
