@@ -623,6 +623,10 @@ bool Runner::RunTurn() {
   int64_t dropped = 0;
   bool finished = false;
   absl::Time ask = absl::InfiniteFuture();
+  // The head as this turn leaves it. Once `sleeping` is set a producer (or
+  // the pool's timer) may hand the runner to another worker, which moves
+  // the head: this thread must not read it again.
+  uint64_t head = 0;
   {
     MutexLock l(&s.mu);
     const absl::Time now = clock_->Now();
@@ -635,6 +639,7 @@ bool Runner::RunTurn() {
       return true;  // A timer came due, or events are queued (or claimed).
     } else {
       s.waiting = true;
+      head = s.head;
       s.sleeping.store(true, std::memory_order_seq_cst);
       if (next != absl::InfiniteFuture() &&
           (next < s.wake_asked || s.wake_asked <= now)) {
@@ -661,7 +666,7 @@ bool Runner::RunTurn() {
   // A post or Stop() that came between the last look and the flag found it
   // clear and queued nothing: take the turn back. (Sequentially consistent
   // with the producers' claim and Stop's close: see runner_state.h.)
-  if (s.tail.load(std::memory_order_seq_cst) != s.head &&
+  if (s.tail.load(std::memory_order_seq_cst) != head &&
       s.sleeping.exchange(false, std::memory_order_seq_cst)) {
     return true;
   }

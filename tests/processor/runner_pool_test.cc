@@ -98,6 +98,68 @@ TEST(RunnerPoolTest, HundredRunnersOnTwoThreadsRunEachOneAtATimeInOrder) {
   EXPECT_EQ(ThreadsNamed("sp-runners"), 0);
 }
 
+// A runner that goes idle with a timer pending asks the pool for a wake
+// after it has said it sleeps; a post in that moment hands it to another
+// worker at once. Posts that keep finding runners just asleep (a pause
+// after each round) must each run once, in order, one at a time, with no
+// two workers in one runner (ThreadSanitizer watches the handover).
+TEST(RunnerPoolTest, PostsToRunnersFallingAsleepWithATimerPendingRunOnce) {
+  RunnerPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  constexpr int kRunners = 8;
+  constexpr int64_t kRounds = 3000;
+  std::vector<std::unique_ptr<Runner>> runners;
+  std::vector<std::unique_ptr<Seen>> seen;
+  for (int i = 0; i < kRunners; ++i) {
+    runners.push_back(std::make_unique<Runner>(OnPool(&pool)));
+    seen.push_back(std::make_unique<Seen>());
+    ASSERT_THAT(runners.back()->Start(), IsOk());
+    // Each idle turn ends with a wake asked for this timer.
+    ASSERT_THAT(runners.back()->PostAfter(absl::Hours(1), [] {}).status(),
+                IsOk());
+  }
+  auto produce = [&](int producer) {
+    for (int64_t n = 0; n < kRounds; ++n) {
+      for (int i = producer; i < kRunners; i += 2) {
+        Seen* s = seen[i].get();
+        // Earlier than any timer before: the next idle turn asks for a wake.
+        ASSERT_THAT(
+            runners[i]
+                ->PostAfter(absl::Hours(1) - absl::Microseconds(n + 1), [] {})
+                .status(),
+            IsOk());
+        ASSERT_THAT(runners[i]->Post([s, n] {
+          if (s->inside.fetch_add(1) != 0) ++s->overlaps;
+          if (s->last[0] >= n) ++s->out_of_order;
+          s->last[0] = n;
+          ++s->ran;
+          s->inside.fetch_sub(1);
+        }),
+                    IsOk());
+      }
+      // Long enough for the runners to run out of work and fall asleep.
+      for (int spin = 0; spin < 200; ++spin) std::this_thread::yield();
+    }
+  };
+  std::thread a(produce, 0), b(produce, 1);
+  a.join();
+  b.join();
+  ASSERT_TRUE(AwaitCondition([&] {
+    int64_t total = 0;
+    for (auto& s : seen) total += s->ran.load();
+    return total == kRunners * kRounds;
+  }));
+  for (int i = 0; i < kRunners; ++i) {
+    runners[i]->Stop();
+    EXPECT_EQ(seen[i]->ran.load(), kRounds) << i;
+    EXPECT_EQ(seen[i]->overlaps.load(), 0) << i;
+    EXPECT_EQ(seen[i]->out_of_order, 0) << i;
+    EXPECT_EQ(runners[i]->stats().timers_dropped, kRounds + 1) << i;
+  }
+  EXPECT_GT(pool.stats().turns, 0);
+  pool.Stop();
+}
+
 TEST(RunnerPoolTest, TimersWakeIdleRunnersEarlierOnesToo) {
   RunnerPool pool({.threads = 2, .logger = NullLogger()});
   ASSERT_THAT(pool.Start(), IsOk());
