@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,6 +84,7 @@ struct Config {
 struct Pod {
   std::string id;
   std::string log;
+  std::string err;  // The pod's stdout and stderr.
   pid_t pid = -1;
   bool reaped = false;
   int status = 0;
@@ -98,7 +101,8 @@ std::unique_ptr<Pod> StartPod(const Config& c, const std::string& dir,
   auto p = std::make_unique<Pod>();
   p->id = absl::StrCat("p", i);
   p->log = absl::StrCat(dir, "/", p->id, ".log");
-  const std::string err = absl::StrCat(dir, "/", p->id, ".err");
+  p->err = absl::StrCat(dir, "/", p->id, ".err");
+  const std::string& err = p->err;
   std::vector<std::string> args = {
       SETPOINT_CHAOS_POD,
       "--sentinels=" + absl::StrJoin(redis.sentinel_addresses(), ","),
@@ -132,6 +136,31 @@ std::unique_ptr<Pod> StartPod(const Config& c, const std::string& dir,
   return p;
 }
 
+// The last `max_bytes` of a pod's stdout and stderr (a sanitizer's report
+// ends there), for a failure message.
+std::string ErrTail(const Pod& p, size_t max_bytes = 6000) {
+  std::ifstream in(p.err, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  if (text.size() > max_bytes) text = text.substr(text.size() - max_bytes);
+  return absl::StrCat("--- the end of ", p.err, " ---\n", text);
+}
+
+// A pod that exited before the driver stopped it (a crash, a sanitizer's
+// report): its status and the end of its output, or "" while all run.
+std::string ExitedEarly(const std::vector<std::unique_ptr<Pod>>& pods) {
+  for (const auto& p : pods) {
+    if (p->reaped) continue;
+    int status = 0;
+    if (waitpid(p->pid, &status, WNOHANG) != p->pid) continue;
+    p->reaped = true;
+    p->status = status;
+    return absl::StrCat(p->id, " exited on its own (status ", status, ")\n",
+                        ErrTail(*p));
+  }
+  return "";
+}
+
 std::vector<PodRecord> Records(const std::vector<std::unique_ptr<Pod>>& pods) {
   std::vector<PodRecord> out;
   for (const auto& p : pods) {
@@ -148,6 +177,10 @@ int64_t AwaitOwnedOnce(const Config& c,
                        absl::Duration timeout, std::string* why) {
   const int64_t deadline = Now() + absl::ToInt64Nanoseconds(timeout);
   while (Now() < deadline) {
+    if (std::string early = ExitedEarly(pods); !early.empty()) {
+      *why = early;
+      return kNever;
+    }
     std::vector<PodRecord> recs = Records(pods);
     std::vector<const PodRecord*> ptrs;
     bool started = true;
@@ -251,12 +284,15 @@ TEST(ChaosTest, SentinelMasterKillsKeepOneOwnerPerShard) {
     std::this_thread::sleep_for(std::chrono::milliseconds(c.lease_ms));
   }
 
-  for (auto& p : pods) kill(p->pid, SIGTERM);
   for (auto& p : pods) {
-    waitpid(p->pid, &p->status, 0);
+    if (!p->reaped) kill(p->pid, SIGTERM);
+  }
+  for (auto& p : pods) {
+    if (!p->reaped) waitpid(p->pid, &p->status, 0);
     p->reaped = true;
     EXPECT_TRUE(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0)
-        << p->id << " did not stop cleanly; see " << dir;
+        << p->id << " did not stop cleanly (status " << p->status << ")\n"
+        << ErrTail(*p);
   }
 
   std::vector<PodRecord> recs = Records(pods);
