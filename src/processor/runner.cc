@@ -627,6 +627,8 @@ bool Runner::RunTurn() {
   // the pool's timer) may hand the runner to another worker, which moves
   // the head: this thread must not read it again.
   uint64_t head = 0;
+  // The wake the pool holds for this runner's next timer (if it has one).
+  absl::Time asked = absl::InfiniteFuture();
   {
     MutexLock l(&s.mu);
     const absl::Time now = clock_->Now();
@@ -646,6 +648,7 @@ bool Runner::RunTurn() {
         s.wake_asked = next;
         ask = next;
       }
+      if (next != absl::InfiniteFuture()) asked = s.wake_asked;
     }
   }
   if (finished) {
@@ -667,6 +670,15 @@ bool Runner::RunTurn() {
   // clear and queued nothing: take the turn back. (Sequentially consistent
   // with the producers' claim and Stop's close: see runner_state.h.)
   if (s.tail.load(std::memory_order_seq_cst) != head &&
+      s.sleeping.exchange(false, std::memory_order_seq_cst)) {
+    return true;
+  }
+  // The pool drops a due wake it cannot claim (the runner was in a turn).
+  // If it did so after this turn looked at the clock and before the flag
+  // was set, that turn kept the wake as pending and asked for none: nobody
+  // would run the timer. A wake due by now may be gone: take the turn back
+  // (the next one runs the timer or asks again).
+  if (asked != absl::InfiniteFuture() && clock_->Now() >= asked &&
       s.sleeping.exchange(false, std::memory_order_seq_cst)) {
     return true;
   }
