@@ -65,7 +65,6 @@ CallDispatcher::CallDispatcher(Host* host, CallDispatcherOptions options)
 CallDispatcher::~CallDispatcher() = default;
 
 absl::Status CallDispatcher::Start(UpdaterPool* pool) {
-  bool queued;
   {
     MutexLock l(&mu_);
     if (started_ || stopping_) {
@@ -73,13 +72,24 @@ absl::Status CallDispatcher::Start(UpdaterPool* pool) {
           "start syncer ", options_.name, ": already started or stopped"));
     }
     started_ = true;
-    pool_ = pool;
+  }
+  if (pool == nullptr) return absl::OkStatus();
+  // Attached before Submit can see the pool: the pool ignores a Notify for
+  // a queue not attached, and calls submitted in between would wait for a
+  // notification that never comes.
+  pool->Attach(this);
+  bool queued;
+  bool stopped;
+  {
+    MutexLock l(&mu_);
+    stopped = stopping_;
+    if (!stopped) pool_ = pool;
     queued = !queue_.empty();
   }
-  if (pool != nullptr) {
-    pool->Attach(this);
-    // The runner may have handed calls over before Start.
-    if (queued) pool->Notify(this);
+  if (stopped) {
+    pool->Detach(this);  // Stop() ran in between and found no pool.
+  } else if (queued) {
+    pool->Notify(this);  // The runner handed calls over before the pool.
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -242,6 +243,46 @@ TEST(CallDispatcherTest, AtMostMaxBatchesRunAtOnce) {
   }));
   EXPECT_EQ(host.max_running(), 2);
   d.Stop();
+  pool.Stop();
+}
+
+// Start (on the owner's thread) and the runner's first Submit race: calls
+// handed over while Start attaches the dispatcher to its pool must still
+// run (the pool ignores a notification for a queue not attached yet).
+TEST(CallDispatcherTest, CallsSubmittedWhileStartRunsAreServed) {
+  UpdaterPool pool({.threads = 2, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  for (int round = 0; round < 2000; ++round) {
+    Host host;
+    CallDispatcher d(&host, Options());
+    auto calls = Calls({"a1"});
+    auto ptrs = Ptrs(calls);
+    std::atomic<bool> ready{false};
+    std::atomic<bool> go{false};
+    std::thread runner([&] {
+      ready.store(true, std::memory_order_release);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      // Later each round: some rounds' submits land inside Start.
+      for (int i = 0; i < round % 400; ++i) {
+        go.load(std::memory_order_relaxed);
+      }
+      ASSERT_TRUE(d.Submit(ptrs));
+    });
+    while (!ready.load(std::memory_order_acquire)) {
+    }
+    go.store(true, std::memory_order_release);
+    ASSERT_THAT(d.Start(&pool), IsOk());
+    runner.join();
+    ASSERT_TRUE(
+        AwaitCondition([&] { return host.ready() >= 1; }, absl::Seconds(10)))
+        << "round " << round << ": the call was never served";
+    std::vector<DispatchedCall*> done;
+    d.TakeResults(&done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_TRUE(done[0]->started);
+    d.Stop();
+  }
   pool.Stop();
 }
 
