@@ -1,12 +1,14 @@
 #include "setpoint/processor/runner_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "setpoint/base/mutex.h"
@@ -215,6 +217,108 @@ TEST(RunnerPoolTest, TimersDueWhileTheirRunnerIsBusyStillRun) {
     EXPECT_EQ(c->rounds.load(), kRounds);
     c->runner->Stop();
   }
+  pool.Stop();
+}
+
+// A simulated clock whose one armed thread, on its second look after
+// Arm(), sees the time from before the clock moves to `to`: the look
+// moves the clock, calls `moved` (which should get another thread going),
+// and returns only once another thread has read the new time and gone
+// back to waiting (a pool worker that handled the wakes due by then).
+class StaleLookClock final : public Clock {
+ public:
+  explicit StaleLookClock(SimulatedClock* sim) : sim_(sim) {}
+
+  void Arm(absl::Time to, std::function<void()> moved) {
+    MutexLock l(&mu_);
+    armed_ = std::this_thread::get_id();
+    looks_ = 0;
+    to_ = to;
+    moved_fn_ = std::move(moved);
+  }
+  bool fired() {
+    MutexLock l(&mu_);
+    return fired_;
+  }
+
+  absl::Time Now() override {
+    const absl::Time t = sim_->Now();
+    MutexLock l(&mu_);
+    if (armed_ != std::this_thread::get_id()) {
+      if (moved_ && t >= to_) saw_.insert(std::this_thread::get_id());
+      return t;
+    }
+    if (++looks_ < 2) return t;
+    armed_ = std::thread::id{};
+    moved_ = true;
+    std::function<void()> moved = std::move(moved_fn_);
+    const absl::Time to = to_;
+    mu_.Unlock();
+    sim_->AdvanceTo(to);
+    moved();
+    mu_.Lock();
+    fired_ = cv_.WaitUntil(
+        &mu_, {}, std::chrono::steady_clock::now() + std::chrono::seconds(10),
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; });
+    return t;  // The look from before the move.
+  }
+
+  bool AwaitWithDeadline(Mutex* mu, CondVar* cv, absl::Time deadline,
+                         std::stop_token stop,
+                         absl::FunctionRef<bool()> pred) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    {
+      MutexLock l(&mu_);
+      if (saw_.contains(std::this_thread::get_id())) {
+        done_ = true;
+        cv_.SignalAll();
+      }
+    }
+    return sim_->AwaitWithDeadline(mu, cv, deadline, stop, pred);
+  }
+
+ private:
+  SimulatedClock* const sim_;
+  Mutex mu_;
+  CondVar cv_;
+  std::thread::id armed_ ABSL_GUARDED_BY(mu_);
+  int looks_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time to_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> moved_fn_ ABSL_GUARDED_BY(mu_);
+  bool moved_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<std::thread::id> saw_ ABSL_GUARDED_BY(mu_);
+};
+
+// The pool drops a due wake it cannot claim because the runner is in a
+// turn. Here that turn looked at the clock just before the timer was due
+// (the clock above makes it so: a turn's second look after the event, at
+// its end) and says it sleeps just after the other worker dropped the
+// wake (a post to a second runner gets that worker going). The timer must
+// still run.
+TEST(RunnerPoolTest, ATimerWhoseWakeWasDroppedAsItsTurnEndedStillRuns) {
+  SimulatedClock sim;
+  StaleLookClock clock(&sim);
+  RunnerPool pool({.threads = 2, .clock = &clock, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool, "r"));
+  Runner other(OnPool(&pool, "other"));
+  ASSERT_THAT(r.Start(), IsOk());
+  ASSERT_THAT(other.Start(), IsOk());
+  std::atomic<bool> ran{false};
+  const absl::Time due = sim.Now() + absl::Seconds(1);
+  ASSERT_THAT(r.PostAt(due, [&] { ran = true; }).status(), IsOk());
+  // Both workers wait: one for the timer's wake.
+  ASSERT_TRUE(sim.AwaitWaiters(2));
+  // The turn that runs this event is the one whose end looks early.
+  ASSERT_THAT(r.Post([&] { clock.Arm(due, [&] { (void)other.Post([] {}); }); }),
+              IsOk());
+  EXPECT_TRUE(AwaitCondition([&] { return ran.load(); }))
+      << "the timer never ran";
+  EXPECT_TRUE(clock.fired()) << "the other worker never handled the wake";
+  r.Stop();
+  other.Stop();
   pool.Stop();
 }
 
