@@ -48,6 +48,17 @@ struct Seen {
   int64_t out_of_order = 0;    // Runner only.
 };
 
+// `n` started runners on `pool`, and what each one's events see.
+void StartWatched(RunnerPool* pool, int n,
+                  std::vector<std::unique_ptr<Runner>>* runners,
+                  std::vector<std::unique_ptr<Seen>>* seen) {
+  for (int i = 0; i < n; ++i) {
+    runners->push_back(std::make_unique<Runner>(OnPool(pool)));
+    seen->push_back(std::make_unique<Seen>());
+    ASSERT_THAT(runners->back()->Start(), IsOk());
+  }
+}
+
 TEST(RunnerPoolTest, HundredRunnersOnTwoThreadsRunEachOneAtATimeInOrder) {
   RunnerPool pool({.name = "p/runners", .threads = 2, .logger = NullLogger()});
   ASSERT_THAT(pool.Start(), IsOk());
@@ -55,11 +66,7 @@ TEST(RunnerPoolTest, HundredRunnersOnTwoThreadsRunEachOneAtATimeInOrder) {
   constexpr int kPosts = 2000;
   std::vector<std::unique_ptr<Runner>> runners;
   std::vector<std::unique_ptr<Seen>> seen;
-  for (int i = 0; i < kRunners; ++i) {
-    runners.push_back(std::make_unique<Runner>(OnPool(&pool)));
-    seen.push_back(std::make_unique<Seen>());
-    ASSERT_THAT(runners.back()->Start(), IsOk());
-  }
+  ASSERT_NO_FATAL_FAILURE(StartWatched(&pool, kRunners, &runners, &seen));
   auto produce = [&](int producer) {
     for (int64_t n = 0; n < kPosts; ++n) {
       for (int i = 0; i < kRunners; i += 1 + (n % 3)) {
@@ -113,13 +120,10 @@ TEST(RunnerPoolTest, PostsToRunnersFallingAsleepWithATimerPendingRunOnce) {
   constexpr int64_t kRounds = 500;
   std::vector<std::unique_ptr<Runner>> runners;
   std::vector<std::unique_ptr<Seen>> seen;
-  for (int i = 0; i < kRunners; ++i) {
-    runners.push_back(std::make_unique<Runner>(OnPool(&pool)));
-    seen.push_back(std::make_unique<Seen>());
-    ASSERT_THAT(runners.back()->Start(), IsOk());
+  ASSERT_NO_FATAL_FAILURE(StartWatched(&pool, kRunners, &runners, &seen));
+  for (auto& r : runners) {
     // Each idle turn ends with a wake asked for this timer.
-    ASSERT_THAT(runners.back()->PostAfter(absl::Hours(1), [] {}).status(),
-                IsOk());
+    ASSERT_THAT(r->PostAfter(absl::Hours(1), [] {}).status(), IsOk());
   }
   auto produce = [&](int producer) {
     for (int64_t n = 0; n < kRounds; ++n) {
