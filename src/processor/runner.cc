@@ -677,8 +677,10 @@ bool Runner::RunTurn() {
   // If it did so after this turn looked at the clock and before the flag
   // was set, that turn kept the wake as pending and asked for none: nobody
   // would run the timer. A wake due by now may be gone: take the turn back
-  // (the next one runs the timer or asks again).
-  if (asked != absl::InfiniteFuture() && clock_->Now() >= asked &&
+  // (the next one runs the timer or asks again). A wake asked just now,
+  // after the flag, is claimed when due: no second look then.
+  if (ask == absl::InfiniteFuture() && asked != absl::InfiniteFuture() &&
+      clock_->Now() >= asked &&
       s.sleeping.exchange(false, std::memory_order_seq_cst)) {
     return true;
   }
