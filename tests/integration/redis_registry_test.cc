@@ -482,6 +482,55 @@ TEST_F(RedisRegistryTest, HandoffReleasesThenGrantsInOneRoundTrip) {
               StatusIs(absl::StatusCode::kAborted, HasSubstr("epoch")));
 }
 
+TEST_F(RedisRegistryTest, HandoffGrantsCheckEveryRecordThatMeetsThem) {
+  // The grants of one handoff want runs all over the ring; the script
+  // looks only at records that meet one of them. Records in the gaps
+  // between those runs (and touching their ends) conflict with nothing;
+  // one run of a record that meets a run of a grant refuses that grant.
+  auto r = Registry(server_.address());
+  const std::vector<std::string> ids = {"a/vm/0", "a/vm/1", "a/vm/2", "h/vm/0",
+                                        "h/vm/1", "h/vm/2", "h/vm/3"};
+  ASSERT_THAT(Poll(*r, ids).status(), IsOk());
+  AllowGrants(server_.address(), *r);
+  ASSERT_THAT(r->Grant(ctx_, "vm", "h/vm/0", {95, 96}, epoch_).status(),
+              IsOk());
+  ASSERT_THAT(r->Grant(ctx_, "vm", "h/vm/1", {150, 200}, epoch_).status(),
+              IsOk());
+  ASSERT_THAT(r->Grant(ctx_, "vm", "h/vm/2", {310, 400}, epoch_).status(),
+              IsOk());
+  ASSERT_THAT(r->Grant(ctx_, "vm", "h/vm/3",
+                       ShardSet::Of({{50, 60}, {409, 500}}), epoch_)
+                  .status(),
+              IsOk());
+  auto result = r->Handoff(
+      ctx_,
+      {.grants = {{"vm", "a/vm/0", ShardSet::Of({{0, 10}, {90, 100}})},
+                  {"vm", "a/vm/1", {200, 210}},
+                  {"vm", "a/vm/2", ShardSet::Of({{300, 310}, {400, 410}})},
+                  {"vm", "a/vm/1", ShardSet::Of({{10, 20}, {60, 90}})},
+                  {"vm", "a/vm/0", {300, 310}}},
+       .epoch = epoch_});
+  ASSERT_THAT(result.status(), IsOk());
+  ASSERT_EQ(result->grants.size(), 5u);
+  EXPECT_THAT(result->grants[0].status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("h/vm/0")));
+  EXPECT_THAT(result->grants[1].status(), IsOk());
+  EXPECT_THAT(result->grants[2].status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("h/vm/3")));
+  // Granted after a/vm/1's first grant: it replaces that record, and the
+  // runs around h/vm/3's [50,60) do not meet it.
+  EXPECT_THAT(result->grants[3].status(), IsOk());
+  // Touches h/vm/2's [310,400) and nothing else.
+  EXPECT_THAT(result->grants[4].status(), IsOk());
+  auto v = Poll(*r, ids);
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/0"].range,
+            ShardSet(ShardRange{300, 310}));
+  EXPECT_FALSE(v->kinds["vm"].held.contains("a/vm/2"));
+  EXPECT_EQ(v->kinds["vm"].held["a/vm/1"].range,
+            ShardSet::Of({{10, 20}, {60, 90}}));
+}
+
 TEST_F(RedisRegistryTest, ReleaseNoticesNameTheFreedShards) {
   auto watcher = Registry(server_.address());
   auto r = Registry(server_.address());

@@ -657,20 +657,43 @@ for k = 1, nkinds do
       end
     end
     -- What live members hold where these grants reach, read once for all
-    -- of them: records outside the grants' hull cannot conflict, so only
-    -- the others (and those that do not parse) need a liveness check.
+    -- of them: a record that meets none of the granted shards cannot
+    -- conflict, so only the others (and those that do not parse) need a
+    -- liveness check and a look from each grant. A pod's nodes want
+    -- shards all over the ring, so the test is against the union of what
+    -- they want, not its hull.
     local function is_live(id)
       local sc = redis.call('ZSCORE', members, id)
       return sc ~= false and sc ~= nil and tonumber(sc) > now
     end
-    local wants = {}
-    local lo, hi = math.huge, -1
+    local wants, all = {}, {}
     for g = 0, ngr - 1 do
       local w = parse_runs(ARGV[ai + 2 * g + 1], false)
       if not w or #w == 0 then return redis.error_reply('handoff: bad runs') end
       wants[g + 1] = w
-      lo = math.min(lo, w[1][1])
-      hi = math.max(hi, w[#w][2])
+      for i = 1, #w do all[#all + 1] = w[i] end
+    end
+    table.sort(all, function(x, y) return x[1] < y[1] end)
+    local union = {}
+    for i = 1, #all do
+      local u = union[#union]
+      if u and all[i][1] <= u[2] then
+        if all[i][2] > u[2] then u[2] = all[i][2] end
+      else
+        union[#union + 1] = {all[i][1], all[i][2]}
+      end
+    end
+    local function meets(runs)
+      for i = 1, #runs do
+        -- The first run of the union that ends after this one begins.
+        local l, r = 1, #union + 1
+        while l < r do
+          local m = math.floor((l + r) / 2)
+          if union[m][2] > runs[i][1] then r = m else l = m + 1 end
+        end
+        if l <= #union and union[l][1] < runs[i][2] then return true end
+      end
+      return false
     end
     local ranges = {}
     local h = redis.call('HGETALL', held)
@@ -678,7 +701,7 @@ for k = 1, nkinds do
       local oruns = parse_held(h[i + 1])
       if not oruns then
         if is_live(h[i]) then ranges[h[i]] = quote(h[i + 1]) end
-      elseif oruns[1][1] < hi and lo < oruns[#oruns][2] and is_live(h[i]) then
+      elseif meets(oruns) and is_live(h[i]) then
         ranges[h[i]] = oruns
       end
     end
