@@ -297,7 +297,9 @@ RedisStats ReadStats(const std::string& address) {
 // The fleet's NodeManager counters, summed.
 struct FleetStats {
   int64_t polls = 0, conflicts = 0, retries = 0, nudges = 0, deferred = 0;
+  int64_t waited = 0;
   void Add(const NodeManagerStats& s, int sign = 1) {
+    waited += sign * s.grants_waited;
     deferred += sign * s.nudges_deferred;
     polls += sign * s.polls;
     conflicts += sign * s.grant_conflicts;
@@ -536,7 +538,8 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
       std::thread::hardware_concurrency());
   std::printf(
       "rolling restart  pods=%d took %.0f ms load=%.1f; per step: round "
-      "trips=%.0f polls=%.0f grant refusals=%.0f grant retries=%.0f "
+      "trips=%.0f polls=%.0f grant refusals=%.0f grants waited=%.0f "
+      "grant retries=%.0f "
       "announcements heard=%.0f deferred by the rate limit=%.1f\n",
       roll, Ms(Clock::now() - roll_start), LoadAverage(),
       static_cast<double>(roll_after.round_trips - roll_before.round_trips) /
@@ -544,6 +547,7 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
       static_cast<double>(fleet_after.polls - fleet_before.polls) / roll,
       static_cast<double>(fleet_after.conflicts - fleet_before.conflicts) /
           roll,
+      static_cast<double>(fleet_after.waited - fleet_before.waited) / roll,
       static_cast<double>(fleet_after.retries - fleet_before.retries) / roll,
       static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll,
       static_cast<double>(fleet_after.deferred - fleet_before.deferred) / roll);

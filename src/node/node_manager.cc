@@ -190,14 +190,23 @@ void NodeManager::Wake(const ChangeNotice& notice) {
     // handoff); everyone else ignores it (a cached view that took it in
     // shows it at the next look).
     for (const auto& [kind, freed] : notice.freed) {
+      ShardSet& recent = freed_since_view_[kind];
+      recent = recent.Union(freed);
+    }
+    for (const auto& [kind, freed] : notice.freed) {
       auto it = wants_.find(kind);
       if (it == wants_.end() || !it->second.Intersects(freed)) continue;
       // Within the nudge rate limit, like a poll: a flood of such messages
       // is a bounded number of handoffs. On the cached view when it has
-      // the release.
+      // the release; otherwise a poll reads it (a grant waits while the
+      // view shows its shards held, see Apply).
       ++stats_.grant_retries;
-      grant_retry_ = true;
-      view_changed_ = view_changed_ || notice.view_current;
+      if (notice.view_current) {
+        grant_retry_ = true;
+        view_changed_ = true;
+      } else {
+        nudged_ = true;
+      }
       nudge_arrived_ = true;
       cv_.SignalAll();
       return;
@@ -378,6 +387,8 @@ void NodeManager::Tick() {
     // A poll reads the changes too.
     refresh = refresh_view_ && !poll;
     refresh_view_ = false;
+    // The view read now holds every release announced so far.
+    if (poll || refresh) freed_since_view_.clear();
     // Every tick tries the grants that wait, so it answers a retry too.
     grant_retry_ = false;
     if (poll) {
@@ -681,6 +692,25 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
               .deregister = d.deregister};
 }
 
+bool NodeManager::HeldByOthers(
+    const Move& m, const std::vector<HandoffRequest::ReleaseOp>& releases) {
+  const ShardSet& want = *m.grant;
+  const ShardRange hull = want.Hull();
+  for (const auto& [id, a] : m.view->held) {
+    if (id == m.slot->info.id) continue;
+    const ShardRange other = a.range.Hull();
+    if (other.end <= hull.begin || hull.end <= other.begin) continue;
+    // A node of this pod that gives shards up in the same handoff: the
+    // registry runs its release first.
+    const ShardSet* range = &a.range;
+    for (const auto& r : releases) {
+      if (r.node_id == id && r.kind == m.slot->info.kind) range = &r.keep.range;
+    }
+    if (range->Intersects(want)) return true;
+  }
+  return false;
+}
+
 void NodeManager::Apply(std::vector<Move>& moves) {
   HandoffRequest request;
   std::vector<Move*> batched;
@@ -705,14 +735,46 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     if (m.release.has_value()) {
       request.releases.push_back({kind, id, *m.release});
     }
-    if (m.grant.has_value()) request.grants.push_back({kind, id, *m.grant});
     batched.push_back(&m);
   }
+  // A grant into shards that the view shows another member still holding
+  // would be refused: the registry checks every record for it, the most
+  // costly thing a handoff does. It waits instead, for the release that
+  // frees them (announced, and then asked for again at once) or for the
+  // next poll. The registry still decides; the view only saves asking when
+  // the answer is known.
+  std::map<std::string, ShardSet> waiting;
+  int64_t waited = 0;
+  for (Move* m : batched) {
+    if (!m->grant.has_value()) continue;
+    if (HeldByOthers(*m, request.releases)) {
+      ShardSet& w = waiting[m->slot->info.kind];
+      w = w.Union(*m->grant);
+      m->grant.reset();
+      ++waited;
+      continue;
+    }
+    request.grants.push_back({m->slot->info.kind, m->slot->info.id, *m->grant});
+  }
+  std::erase_if(batched, [](const Move* m) {
+    return !m->grant.has_value() && !m->release.has_value();
+  });
   {
     // From now on a release that frees any of these shards makes us ask
     // again, even one announced before our reply comes back.
     MutexLock l(&mu_);
-    wants_.clear();
+    stats_.grants_waited += waited;
+    // A release announced after the view was read frees what the view
+    // shows held: look again at once rather than wait for the next one.
+    for (const auto& [kind, shards] : waiting) {
+      auto it = freed_since_view_.find(kind);
+      if (it != freed_since_view_.end() && it->second.Intersects(shards)) {
+        grant_retry_ = true;
+        view_changed_ = true;
+        nudge_arrived_ = true;
+      }
+    }
+    wants_ = std::move(waiting);
     for (const auto& g : request.grants) {
       wants_[g.kind] = wants_[g.kind].Union(g.target);
     }

@@ -96,6 +96,10 @@ void NodeManager::CollectMetrics(MetricWriter& w) const {
       {"setpoint_node_grant_conflicts_total",
        {"Grants refused for now (shards still held, epoch grace).",
         st.grant_conflicts}},
+      {"setpoint_node_grants_waited_total",
+       {"Grants not sent: the pod's view showed another node still holding "
+        "some of their shards.",
+        st.grants_waited}},
       {"setpoint_node_releases_total",
        {"Shard releases published.", st.releases}},
       {"setpoint_node_self_fences_total",

@@ -712,9 +712,10 @@ TEST_F(NodeManagerTest, FloodOfAnnouncementsIsABoundedNumberOfPolls) {
   EXPECT_TRUE(Balanced({&a}, 2));
 }
 
-TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
-  // Someone else holds the whole ring, so both of a's grants are refused
-  // and wait; every notice that frees shards of them asks again.
+TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfLooks) {
+  // Someone else holds the whole ring, so both of a's grants wait (its
+  // view shows the shards held: nothing is sent); every notice that frees
+  // shards of them asks for a look, within the nudge rate limit.
   Context ctx = Context::Background(&clock_);
   auto keep_x = [&] {
     return registry_.Poll(
@@ -728,9 +729,10 @@ TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
       registry_.Grant(ctx, "vm", "x/vm/0", {0, kRing}, view->epoch).status(),
       IsOk());
   NodeManager& a = StartPod("a", &faulty_);
-  ASSERT_TRUE(AwaitCondition([&] { return a.stats().grant_conflicts >= 2; }));
+  ASSERT_TRUE(AwaitCondition([&] { return a.stats().grants_waited >= 2; }));
   Settle();
-  const int64_t conflicts = a.stats().grant_conflicts;
+  const int64_t waited = a.stats().grants_waited;
+  const int64_t polls = a.stats().polls;
   faulty_.AnnounceFreed("vm", {{0, kRing}}, 10000);
   Settle();
   for (int i = 0; i < 50; ++i) {  // One at a time, each looked at alone.
@@ -738,11 +740,14 @@ TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
     faulty_.AnnounceFreed("vm", {{kRing - 1, kRing}}, 1);
     Settle();
   }
-  // Heard every one, asked again only within the nudge burst (4), two
-  // grants per handoff; none granted, x still holds everything.
+  // Heard every one, looked again (a poll: these notices carry no view)
+  // only within the nudge burst (4); the two grants waited again each
+  // time and were never sent, as x still holds everything.
   EXPECT_EQ(a.stats().grant_retries, 10050);
-  EXPECT_LE(a.stats().grant_conflicts - conflicts, 2 * 4);
-  EXPECT_GE(a.stats().grant_conflicts - conflicts, 2);
+  EXPECT_LE(a.stats().polls - polls, 4);
+  EXPECT_GE(a.stats().polls - polls, 1);
+  EXPECT_LE(a.stats().grants_waited - waited, 2 * 4);
+  EXPECT_EQ(a.stats().grant_conflicts, 0);
   // Notices of shards nobody here waits for are ignored.
   faulty_.AnnounceFreed("other", {{0, kRing}}, 100);
   faulty_.AnnounceFreed("vm", {{kRing, kRing + 10}}, 100);
@@ -750,6 +755,19 @@ TEST_F(NodeManagerTest, FloodOfFreedShardNoticesIsABoundedNumberOfHandoffs) {
   EXPECT_EQ(a.stats().grant_retries, 10050);
   for (const NodeState& n : a.Nodes()) EXPECT_TRUE(n.active.range.Empty());
   ASSERT_THAT(keep_x().status(), IsOk());
+}
+
+TEST_F(NodeManagerTest, GrantsWaitWhileTheViewShowsTheirShardsHeld) {
+  // b joins while a holds the whole ring: b's grants wait for a's
+  // releases instead of being sent and refused, and go out once a poll
+  // (after a's release notice) shows the shards free.
+  NodeManager& a = StartPod("a");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a}, 2); }));
+  NodeManager& b = StartPod("b");
+  ASSERT_TRUE(AdvanceUntil([&] { return Balanced({&a, &b}, 4); }));
+  EXPECT_GE(b.stats().grants_waited, 1);
+  EXPECT_EQ(b.stats().grant_conflicts, 0);
+  EXPECT_EQ(tracker_.OwnedBy("b/"), 32);
 }
 
 // ---- Drain -------------------------------------------------------------

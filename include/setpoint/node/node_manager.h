@@ -196,6 +196,11 @@ struct NodeManagerStats {
   int64_t poll_failures = 0;
   int64_t grants = 0;
   int64_t grant_conflicts = 0;  // Grants refused: shards still held.
+  // Grants not asked for because the pod's view showed another member
+  // still holding some of the shards: they wait for the release that frees
+  // them (announced) or the next poll, instead of costing the registry a
+  // check it would refuse.
+  int64_t grants_waited = 0;
   int64_t releases = 0;
   int64_t fences = 0;  // Nodes stopped: renewals failed, record differed.
   int64_t epoch_changes = 0;  // Times the registry's state was new.
@@ -334,6 +339,10 @@ class NodeManager {
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
   void Apply(std::vector<Move>& moves);
+  // Protocol thread: the view shows a member other than the move's node
+  // holding some shard of its grant (after the releases of this handoff).
+  static bool HeldByOthers(
+      const Move& m, const std::vector<HandoffRequest::ReleaseOp>& releases);
   // Protocol thread: why the kind's targets last moved ("none" before any).
   const std::string& Reason(const std::string& kind) const;
   void Deliver(Slot& slot, Assignment assignment)
@@ -424,6 +433,10 @@ class NodeManager {
   // Kind -> targets of the grants sent in the last handoff and not
   // granted: a notice that frees any of their shards makes us ask again.
   std::map<std::string, ShardSet> wants_ ABSL_GUARDED_BY(mu_);
+  // Per kind, the shards that announcements said were freed since the
+  // protocol thread last read its view (a poll or the cached view): a
+  // grant held back on that view waits for nothing if they are in it.
+  std::map<std::string, ShardSet> freed_since_view_ ABSL_GUARDED_BY(mu_);
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;
