@@ -53,6 +53,17 @@ Decision Decide(const NodeFacts& node, const std::optional<Assignment>& held,
   return d;
 }
 
+uint64_t PlaceAfterCrossing(uint64_t place, bool over, const std::string& id,
+                            const std::string& other, bool up) {
+  // Over q: only those over q and before it count. Not over q: all those
+  // over q count, and those not over q before it; `other` crossing before
+  // it moves between the two and changes nothing.
+  const bool shifts = over ? other < id : other > id;
+  if (!shifts) return place;
+  if (up) return place + 1;
+  return place > 0 ? place - 1 : 0;
+}
+
 std::string MoveReason(const std::optional<ViewState>& before,
                        const ViewState& now) {
   if (!before.has_value()) return "start";

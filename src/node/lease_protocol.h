@@ -58,6 +58,15 @@ struct Decision {
 Decision Decide(const NodeFacts& node, const std::optional<Assignment>& held,
                 ShardSet target);
 
+// An id's place in the order that hands out the odd shards (SharePlaces:
+// those over q, then the rest, each in id order), after `other` crossed q
+// (`up`: came to hold more than q; else stopped). `over` says whether `id`
+// is over q. The place moves by one at most: when `other` passes in front
+// of it, or, for an id not over q, when the group ahead grows or shrinks
+// without `other` passing it.
+uint64_t PlaceAfterCrossing(uint64_t place, bool over, const std::string& id,
+                            const std::string& other, bool up);
+
 // What a view's state and the one before say about why targets moved,
 // for logs: "start" (no view before), "epoch" (the registry's state is
 // new), "drain" (the drained pods changed), "join" and "leave" (members

@@ -193,6 +193,24 @@ void NodeManager::Wake(const ChangeNotice& notice) {
       ShardSet& recent = freed_since_view_[kind];
       recent = recent.Union(freed);
     }
+    // Someone's record crossed the even share and moved one of ours: look
+    // at the cached view (it has the change).
+    bool moved = false;
+    if (notice.view_current) {
+      for (const auto& [kind, list] : notice.resized) {
+        auto watch = share_watch_.find(kind);
+        if (watch == share_watch_.end()) continue;
+        std::vector<ChangeNotice::Resized>& kept = resizes_[kind];
+        for (const ChangeNotice::Resized& r : list) {
+          moved = FollowResize(watch->second, r) || moved;
+          if (r.seq > watch->second.seq) kept.push_back(r);
+        }
+        // Bounded: past it, a lost resize costs one look at the next poll.
+        if (kept.size() > 4096) {
+          kept.erase(kept.begin(), kept.begin() + 2048);
+        }
+      }
+    }
     for (const auto& [kind, freed] : notice.freed) {
       auto it = wants_.find(kind);
       if (it == wants_.end() || !it->second.Intersects(freed)) continue;
@@ -210,6 +228,12 @@ void NodeManager::Wake(const ChangeNotice& notice) {
       nudge_arrived_ = true;
       cv_.SignalAll();
       return;
+    }
+    if (moved) {
+      ++stats_.views_from_notices;
+      view_changed_ = true;
+      nudge_arrived_ = true;
+      cv_.SignalAll();
     }
     return;
   }
@@ -558,10 +582,7 @@ void NodeManager::Retarget(
   }
   std::vector<Move> moves;
   for (auto& [kind, view] : last_view_->kinds) {
-    uint32_t ring = kDefaultRingSize;
-    for (const auto& k : options_.kinds) {
-      if (k.kind == kind) ring = k.ring_size;
-    }
+    const uint32_t ring = RingSize(kind);
     // Each node's target as AssignShards gives it over the ids that
     // share the ring and what every live member holds: every pod that
     // saw the same state computes the same targets.
@@ -581,7 +602,11 @@ void NodeManager::Retarget(
       if (slot->info.kind == kind) own.push_back(slot->info.id);
     }
     absl::flat_hash_map<std::string, ShardSet> targets;
-    if (!same) targets = KindTargets(view, last_view_->drained, ring, own);
+    SharePlaces places;
+    if (!same) {
+      targets = KindTargets(view, last_view_->drained, ring, own, &places);
+      WatchShares(kind, own, places);
+    }
     for (auto& slot : slots_) {
       if (slot->info.kind != kind) continue;
       {
@@ -594,7 +619,8 @@ void NodeManager::Retarget(
             it != was_targets->second.end()) {
           target = it->second;
         } else {
-          targets = KindTargets(view, last_view_->drained, ring, own);
+          targets = KindTargets(view, last_view_->drained, ring, own, &places);
+          WatchShares(kind, own, places);
         }
       }
       if (!same || !targets.empty()) {
@@ -692,25 +718,6 @@ std::optional<NodeManager::Move> NodeManager::Step(Slot& slot, KindView& view,
               .deregister = d.deregister};
 }
 
-bool NodeManager::HeldByOthers(
-    const Move& m, const std::vector<HandoffRequest::ReleaseOp>& releases) {
-  const ShardSet& want = *m.grant;
-  const ShardRange hull = want.Hull();
-  for (const auto& [id, a] : m.view->held) {
-    if (id == m.slot->info.id) continue;
-    const ShardRange other = a.range.Hull();
-    if (other.end <= hull.begin || hull.end <= other.begin) continue;
-    // A node of this pod that gives shards up in the same handoff: the
-    // registry runs its release first.
-    const ShardSet* range = &a.range;
-    for (const auto& r : releases) {
-      if (r.node_id == id && r.kind == m.slot->info.kind) range = &r.keep.range;
-    }
-    if (range->Intersects(want)) return true;
-  }
-  return false;
-}
-
 void NodeManager::Apply(std::vector<Move>& moves) {
   HandoffRequest request;
   std::vector<Move*> batched;
@@ -795,6 +802,7 @@ void NodeManager::Apply(std::vector<Move>& moves) {
     return;
   }
   size_t next_release = 0, next_grant = 0;
+  std::set<std::string> moved_kinds;
   for (Move* m : batched) {
     Slot& slot = *m->slot;
     KindView& view = *m->view;
@@ -812,6 +820,8 @@ void NodeManager::Apply(std::vector<Move>& moves) {
           view.held[id] = active;
         }
         ++stats_.releases;
+        share_watch_[slot.info.kind].valid = false;
+        moved_kinds.insert(slot.info.kind);
         SPDLOG_LOGGER_INFO(logger_,
                            "shard range released node={} kept={} reason={}", id,
                            active.range, Reason(slot.info.kind));
@@ -839,6 +849,8 @@ void NodeManager::Apply(std::vector<Move>& moves) {
             std::max(max_tokens_[slot.info.kind], *token);
         view.held[id] = Assignment{target, *token};
         ++stats_.grants;
+        share_watch_[slot.info.kind].valid = false;
+        moved_kinds.insert(slot.info.kind);
         refusal_polled_ = false;
         SPDLOG_LOGGER_INFO(logger_,
                            "shard range granted node={} range={} token={} "
@@ -867,6 +879,20 @@ void NodeManager::Apply(std::vector<Move>& moves) {
                            target, token.status());
       }
     }
+  }
+  // Our own records moved: so did our places (others hear of it, we do
+  // not). Where our nodes stand now, on the view with our writes in it.
+  for (const std::string& kind : moved_kinds) {
+    auto view = last_view_->kinds.find(kind);
+    if (view == last_view_->kinds.end()) continue;
+    std::vector<std::string> own;
+    for (const auto& slot : slots_) {
+      if (slot->info.kind == kind) own.push_back(slot->info.id);
+    }
+    SharePlaces places;
+    (void)KindTargets(view->second, last_view_->drained, RingSize(kind), own,
+                      &places);
+    WatchShares(kind, own, places);
   }
 }
 

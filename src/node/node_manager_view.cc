@@ -1,8 +1,11 @@
 // The node manager's view of the registry: bringing its copy of each
 // kind's view up to the registry's cached one (after an announced change,
-// or a poll answered from the cache), and what changed for Retarget.
-// Protocol thread only (see node_manager.cc).
+// or a poll answered from the cache), and what changed for Retarget; where
+// our nodes stand in the order of the odd shards, followed through others'
+// grants and releases; and whether the view shows a grant's shards held.
+// Protocol thread, except FollowResize (under the lock, from Wake).
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -139,6 +142,85 @@ void NodeManager::DeltasSince(const std::optional<PollResult>& previous,
                                                 .drained = &last_view_->drained,
                                                 .kind = &view});
   }
+}
+
+uint32_t NodeManager::RingSize(const std::string& kind) const {
+  for (const auto& k : options_.kinds) {
+    if (k.kind == kind) return k.ring_size;
+  }
+  return kDefaultRingSize;
+}
+
+void NodeManager::WatchShares(const std::string& kind,
+                              const std::vector<std::string>& own,
+                              const SharePlaces& places) {
+  auto mark = view_marks_.find(kind);
+  MutexLock l(&mu_);
+  ShareWatch& w = share_watch_[kind];
+  w.valid = true;
+  w.q = places.q;
+  w.odd = places.odd;
+  // Without a mark (a poll read everything) every announced change counts,
+  // some maybe twice: at worst one look too many, or one missed until the
+  // next poll.
+  w.seq = mark != view_marks_.end() ? mark->second.seq : 0;
+  w.drained = last_view_->drained;
+  w.own.clear();
+  for (size_t i = 0; i < own.size() && i < places.place.size(); ++i) {
+    w.own.push_back({own[i], places.place[i], places.over[i]});
+  }
+  // Resizes announced while the view was read or the rule ran: follow
+  // those the view does not have yet, forget the rest.
+  std::vector<ChangeNotice::Resized>& kept = resizes_[kind];
+  std::erase_if(
+      kept, [&w](const ChangeNotice::Resized& r) { return r.seq <= w.seq; });
+  bool moved = false;
+  for (const ChangeNotice::Resized& r : kept) {
+    moved = FollowResize(w, r) || moved;
+  }
+  if (moved) {
+    view_changed_ = true;
+    nudge_arrived_ = true;
+    cv_.SignalAll();
+  }
+}
+
+bool NodeManager::FollowResize(ShareWatch& w, const ChangeNotice::Resized& r) {
+  if (r.seq <= w.seq) return false;  // In the view the places came from.
+  const bool was_over = r.before > w.q;
+  const bool is_over = r.after > w.q;
+  if (was_over == is_over) return false;
+  if (!w.valid) return true;
+  if (w.drained.contains(std::string(PodOfNodeId(r.id)))) return false;
+  bool moved = false;
+  for (ShareWatch::Own& o : w.own) {
+    if (o.id == r.id) return true;  // Someone else wrote our record.
+    if (o.place == std::numeric_limits<uint64_t>::max()) continue;
+    const bool gets_odd = o.place < w.odd;
+    o.place = lease_protocol::PlaceAfterCrossing(o.place, o.over, o.id, r.id,
+                                                 is_over);
+    if ((o.place < w.odd) != gets_odd) moved = true;
+  }
+  return moved;
+}
+
+bool NodeManager::HeldByOthers(
+    const Move& m, const std::vector<HandoffRequest::ReleaseOp>& releases) {
+  const ShardSet& want = *m.grant;
+  const ShardRange hull = want.Hull();
+  for (const auto& [id, a] : m.view->held) {
+    if (id == m.slot->info.id) continue;
+    const ShardRange other = a.range.Hull();
+    if (other.end <= hull.begin || hull.end <= other.begin) continue;
+    // A node of this pod that gives shards up in the same handoff: the
+    // registry runs its release first.
+    const ShardSet* range = &a.range;
+    for (const auto& r : releases) {
+      if (r.node_id == id && r.kind == m.slot->info.kind) range = &r.keep.range;
+    }
+    if (range->Intersects(want)) return true;
+  }
+  return false;
 }
 
 }  // namespace setpoint

@@ -23,7 +23,8 @@ std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
 
 absl::flat_hash_map<std::string, ShardSet> KindTargets(
     const KindView& view, const std::set<std::string>& drained,
-    uint32_t ring_size, const std::vector<std::string>& ids) {
+    uint32_t ring_size, const std::vector<std::string>& ids,
+    SharePlaces* places) {
   // The sharing members in id order with what each holds, read from the
   // view's sorted members and records side by side.
   std::vector<const std::string*> share;
@@ -62,7 +63,8 @@ absl::flat_hash_map<std::string, ShardSet> KindTargets(
                          ? static_cast<size_t>(it - share.begin())
                          : share.size());  // Not sharing: nothing.
   }
-  std::vector<ShardSet> shares = AssignSortedShards(holds, ring_size, wanted);
+  std::vector<ShardSet> shares =
+      AssignSortedShards(holds, ring_size, wanted, places);
   absl::flat_hash_map<std::string, ShardSet> out;
   for (size_t i = 0; i < ids.size(); ++i) out[ids[i]] = std::move(shares[i]);
   return out;

@@ -1,6 +1,7 @@
 #include "setpoint/node/shard.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "setpoint/base/check.h"
@@ -184,12 +185,17 @@ std::vector<ShardSet> AssignSortedShards(
 
 std::vector<ShardSet> AssignSortedShards(
     const std::vector<const ShardSet*>& held, uint32_t ring_size,
-    const std::vector<size_t>& wanted) {
+    const std::vector<size_t>& wanted, SharePlaces* places) {
   // Counts and offsets for every id, sets only for the wanted ones: a pod
   // asks for its own few nodes out of the whole fleet, so nothing here
   // allocates per id.
   const size_t n = held.size();
   std::vector<ShardSet> out(wanted.size());
+  if (places != nullptr) {
+    *places = SharePlaces{};
+    places->place.assign(wanted.size(), std::numeric_limits<uint64_t>::max());
+    places->over.assign(wanted.size(), false);
+  }
   if (n == 0) return out;
 
   // What each id holds inside the ring; where records overlap, the first
@@ -238,6 +244,26 @@ std::vector<ShardSet> AssignSortedShards(
     if (has[i] <= q) {
       share[i] = q + 1;
       --extra;
+    }
+  }
+
+  if (places != nullptr) {
+    places->q = q;
+    places->odd = ring_size % n;
+    uint64_t over = 0;
+    for (size_t i = 0; i < n; ++i) over += has[i] > q ? 1 : 0;
+    // Place of id i: the ids over q before it, or all those over q and
+    // the others before it.
+    std::vector<uint64_t> place(n);
+    uint64_t next_over = 0, next_rest = over;
+    for (size_t i = 0; i < n; ++i) {
+      place[i] = has[i] > q ? next_over++ : next_rest++;
+    }
+    for (size_t w = 0; w < wanted.size(); ++w) {
+      const size_t i = wanted[w];
+      if (i >= n) continue;
+      places->place[w] = place[i];
+      places->over[w] = has[i] > q;
     }
   }
 

@@ -135,6 +135,39 @@ TEST(PollCacheTest, EverySixteenthPollReadsEverythingAndNamesWhatItMissed) {
   EXPECT_EQ(cache.Since("vm"), 5u);
 }
 
+TEST(PollCacheTest, AnnouncedChangesSayWhichMembersRecordsChangedSize) {
+  PollCache cache;
+  std::vector<std::string> warnings;
+  DecodedPoll first = Full(5, {"a/vm/0", "b/vm/0"}, {{"b/vm/0", {{0, 4}, 9}}});
+  ASSERT_TRUE(cache.Merge(&first, kRequest, &warnings));
+  std::vector<ChangeNotice::Resized> resized;
+  // b grows to 5 shards, a is granted 3, b's record is rewritten at the
+  // same size (nothing to say), a record of a non-member (not in view) and
+  // an entry the poll read already (seq 5) say nothing either; b leaves
+  // with its record.
+  EXPECT_EQ(cache.Apply("vm",
+                        {{5, 'h', "a/vm/0", "0 1 3"},
+                         {6, 'h', "b/vm/0", "0 5 11"},
+                         {7, 'h', "a/vm/0", "10 13 12"},
+                         {8, 'h', "b/vm/0", "1 6 13"},
+                         {9, 'h', "z/vm/0", "20 30 14"},
+                         {10, '-', "b/vm/0", ""}},
+                        &resized),
+            PollCache::Applied::kApplied);
+  ASSERT_EQ(resized.size(), 3u);
+  EXPECT_EQ(resized[0].id, "b/vm/0");
+  EXPECT_EQ(resized[0].seq, 6u);
+  EXPECT_EQ(resized[0].before, 4u);
+  EXPECT_EQ(resized[0].after, 5u);
+  EXPECT_EQ(resized[1].id, "a/vm/0");
+  EXPECT_EQ(resized[1].before, 0u);
+  EXPECT_EQ(resized[1].after, 3u);
+  EXPECT_EQ(resized[2].id, "b/vm/0");
+  EXPECT_EQ(resized[2].seq, 10u);
+  EXPECT_EQ(resized[2].before, 5u);
+  EXPECT_EQ(resized[2].after, 0u);
+}
+
 TEST(PollCacheTest, AnnouncedChangesFollowTheViewOrWaitForAPoll) {
   PollCache cache;
   std::vector<std::string> warnings;

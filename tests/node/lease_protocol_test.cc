@@ -5,6 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "setpoint/node/shard.h"
+
 namespace setpoint::lease_protocol {
 namespace {
 
@@ -118,6 +125,61 @@ TEST(LeaseProtocolTest, MoveReasonNamesWhatChanged) {
       "drain");
   EXPECT_EQ(MoveReason(ViewState{&e1, &none, nullptr}, now), "join");
   EXPECT_EQ(MoveReason(ViewState{&e1, &none, &abc}, now), "none");
+}
+
+TEST(LeaseProtocolTest, PlacesFollowedThroughCrossingsMatchTheRule) {
+  // Random holdings of n ids (disjoint runs; the rule's order depends on
+  // their sizes only), then one id's holding crosses q: every other id's
+  // place, followed from the crossing alone, is the place the rule gives
+  // on the new holdings.
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const size_t n = std::uniform_int_distribution<size_t>(2, 60)(rng);
+    const uint32_t ring = std::vector<uint32_t>{
+        64, 256, 4096}[std::uniform_int_distribution<>(0, 2)(rng)];
+    const uint64_t q = ring / n;
+    if (q < 2) continue;
+    std::vector<uint64_t> count(n);
+    for (auto& c : count) {
+      c = q - 1 + std::uniform_int_distribution<uint64_t>(0, 2)(rng);
+    }
+    std::vector<std::string> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = absl::StrFormat("p%03d/vm/0", i);
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    auto places_of = [&](const std::vector<uint64_t>& counts,
+                         SharePlaces* out) {
+      std::vector<ShardSet> sets(n);
+      std::vector<const ShardSet*> holds(n);
+      uint64_t at = 0;
+      for (size_t i = 0; i < n; ++i) {
+        sets[i] = ShardSet(ShardRange{static_cast<uint32_t>(at),
+                                      static_cast<uint32_t>(at + counts[i])});
+        at += counts[i];
+        holds[i] = &sets[i];
+      }
+      if (at > ring) return false;
+      AssignSortedShards(holds, ring, all, out);
+      return true;
+    };
+    SharePlaces before;
+    if (!places_of(count, &before)) continue;
+    const size_t x = std::uniform_int_distribution<size_t>(0, n - 1)(rng);
+    const bool up = count[x] <= q;
+    count[x] = up ? q + 1 : q;
+    SharePlaces after;
+    if (!places_of(count, &after)) continue;
+    for (size_t y = 0; y < n; ++y) {
+      if (y == x) continue;
+      EXPECT_EQ(lease_protocol::PlaceAfterCrossing(
+                    before.place[y], before.over[y], ids[y], ids[x], up),
+                after.place[y])
+          << "round " << round << " id " << y << " crossing " << x;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10000);
 }
 
 }  // namespace

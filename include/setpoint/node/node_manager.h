@@ -339,6 +339,37 @@ class NodeManager {
   // one by one) and acts on the results; `view`s are updated with our own
   // writes.
   void Apply(std::vector<Move>& moves);
+  // Per kind, as of the last targets computed: where our nodes stand in the
+  // order that hands out the odd shards (SharePlaces), followed through
+  // others' announced grants and releases, so that a share that moves with
+  // no join or leave (changes that overlap: a leave's grants still under
+  // way when a join comes) is seen at once, not at the next poll; and
+  // without computing the rule again on every such announcement, which
+  // every pod of the fleet hears.
+  struct ShareWatch {
+    // False once our own records changed since (our places moved): then
+    // any crossing sends us to look again.
+    bool valid = false;
+    uint64_t q = 0;
+    uint64_t odd = 0;
+    uint64_t seq = 0;  // The cached view's log seq the places are from.
+    std::set<std::string> drained;
+    struct Own {
+      std::string id;
+      uint64_t place = 0;  // UINT64_MAX: does not share.
+      bool over = false;
+    };
+    std::vector<Own> own;
+  };
+  // The ring size of `kind` (kDefaultRingSize for one not configured).
+  uint32_t RingSize(const std::string& kind) const;
+  // Protocol thread: records where our nodes of `kind` stand, after
+  // computing their targets.
+  void WatchShares(const std::string& kind, const std::vector<std::string>& own,
+                   const SharePlaces& places);
+  // Follows one announced change of another node's record: true when one
+  // of our shares moved (or may have).
+  static bool FollowResize(ShareWatch& w, const ChangeNotice::Resized& r);
   // Protocol thread: the view shows a member other than the move's node
   // holding some shard of its grant (after the releases of this handoff).
   static bool HeldByOthers(
@@ -437,6 +468,13 @@ class NodeManager {
   // protocol thread last read its view (a poll or the cached view): a
   // grant held back on that view waits for nothing if they are in it.
   std::map<std::string, ShardSet> freed_since_view_ ABSL_GUARDED_BY(mu_);
+  // Per kind: see ShareWatch.
+  std::map<std::string, ShareWatch> share_watch_ ABSL_GUARDED_BY(mu_);
+  // Per kind, the resizes announced and not yet in a view places were
+  // computed from: WatchShares follows those past its view's seq (they may
+  // come while it computes).
+  std::map<std::string, std::vector<ChangeNotice::Resized>> resizes_
+      ABSL_GUARDED_BY(mu_);
   // Protocol thread only: the highest registry version seen, the last
   // poll's view and targets.
   uint64_t max_version_ = 0;

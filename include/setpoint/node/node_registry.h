@@ -180,6 +180,17 @@ struct ChangeNotice {
   // and they follow the view; `membership` and `freed` still say what
   // happened, for a pod that polls anyway.
   bool view_current = false;
+  // With `view_current`: per kind, the records of live members that these
+  // changes resized, in log order. Grants and releases move no member, but
+  // who holds more than the even share decides who gets the odd shards
+  // (SharePlaces), so a pod follows the records that cross it.
+  struct Resized {
+    std::string id;
+    uint64_t seq = 0;     // The change's place in the kind's log.
+    uint64_t before = 0;  // Shards recorded before (0: none) and after.
+    uint64_t after = 0;
+  };
+  std::map<std::string, std::vector<Resized>> resized;
 };
 
 // One node as the registry records it (Describe).
@@ -238,10 +249,12 @@ std::vector<std::string> ShareMembers(const std::vector<std::string>& members,
 // AssignShards over ShareMembers(view.members, drained) and what the view
 // says each holds (KindView::held must hold every live member's record: a
 // poll without PollRequest::own_held_only). An id that does not share gets
-// the empty set.
+// the empty set. With `places`: where `ids` stand, in their order
+// (SharePlaces; UINT64_MAX for one that does not share).
 absl::flat_hash_map<std::string, ShardSet> KindTargets(
     const KindView& view, const std::set<std::string>& drained,
-    uint32_t ring_size, const std::vector<std::string>& ids);
+    uint32_t ring_size, const std::vector<std::string>& ids,
+    SharePlaces* places = nullptr);
 
 // Checks an id given to SetDrained: non-empty, printable ASCII without
 // spaces or '/'. kInvalidArgument naming it otherwise.

@@ -160,13 +160,30 @@ std::vector<ShardSet> AssignSortedShards(
     const std::vector<const ShardSet*>& held,
     uint32_t ring_size = kDefaultRingSize);
 
+// Where the wanted ids stand in the order that hands out the odd shards.
+// A share is q or q + 1: the first `odd` (R mod n) ids of the order get
+// q + 1, and the order is the ids that hold more than q ("over"), then the
+// others, each in id order. So while the ids stay the same, a share moves
+// only when some id's holding crosses q (a grant or a release elsewhere),
+// and a pod can follow its own places from such changes alone (see
+// NodeManager) instead of computing the rule again for every one.
+struct SharePlaces {
+  uint64_t q = 0;    // R / n (0 with no ids).
+  uint64_t odd = 0;  // R mod n: the places below it get q + 1.
+  // Per wanted position: its place in the order and whether it is over
+  // q; UINT64_MAX and false for a position past the end.
+  std::vector<uint64_t> place;
+  std::vector<bool> over;
+};
+
 // The shares of the ids at positions `wanted` only (in that order; a
 // position past the end gets nothing): the same answer as above for them,
 // in time linear in the ids and runs, building sets only for the wanted.
-// What a pod needs for its own nodes out of the fleet.
+// What a pod needs for its own nodes out of the fleet. With `places`,
+// also where the wanted ids stand (SharePlaces).
 std::vector<ShardSet> AssignSortedShards(
     const std::vector<const ShardSet*>& held, uint32_t ring_size,
-    const std::vector<size_t>& wanted);
+    const std::vector<size_t>& wanted, SharePlaces* places = nullptr);
 
 }  // namespace setpoint
 

@@ -52,7 +52,8 @@ class FaultyNodeRegistry : public NodeRegistry {
   // a flood of such messages would.
   void AnnounceFreed(const std::string& kind, std::vector<ShardRange> freed,
                      int n) {
-    ChangeNotice notice{.membership = false, .freed = {}};
+    ChangeNotice notice;
+    notice.membership = false;
     notice.freed[kind] = ShardSet::Of(std::move(freed));
     AnnounceNotice(notice, n);
   }

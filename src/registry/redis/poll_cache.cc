@@ -71,8 +71,9 @@ void PollCache::ApplyOne(Kind& k, const std::string& name,
   }
 }
 
-PollCache::Applied PollCache::Apply(const std::string& kind,
-                                    const std::vector<LoggedChange>& changes) {
+PollCache::Applied PollCache::Apply(
+    const std::string& kind, const std::vector<LoggedChange>& changes,
+    std::vector<ChangeNotice::Resized>* resized) {
   auto it = kinds_.find(kind);
   if (it == kinds_.end()) return Applied::kNotCached;
   Kind& k = it->second;
@@ -86,8 +87,20 @@ PollCache::Applied PollCache::Apply(const std::string& kind,
   changes_applied_ += static_cast<int64_t>(at - k.seq);
   for (const LoggedChange& c : changes) {
     if (c.seq <= k.seq) continue;
+    auto size_of = [&k](const std::string& id) -> uint64_t {
+      auto rec = k.view.held.find(id);
+      return rec == k.view.held.end() ? 0 : rec->second.range.size();
+    };
+    const uint64_t before = resized != nullptr ? size_of(c.id) : 0;
     ApplyOne(k, kind, c);
     k.seq = c.seq;
+    if (resized != nullptr) {
+      const uint64_t after = size_of(c.id);
+      if (before != after) {
+        resized->push_back(
+            {.id = c.id, .seq = c.seq, .before = before, .after = after});
+      }
+    }
   }
   return Applied::kApplied;
 }

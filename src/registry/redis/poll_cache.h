@@ -59,9 +59,12 @@ class PollCache {
   // them) and skipped. kGap when the first new one does not follow the
   // view (a message was lost or sent without its entries): the view stays
   // as it is, and the next poll catches up.
+  // With `resized`, appends the members' records the changes resized
+  // (ChangeNotice::resized).
   enum class Applied { kApplied, kNotCached, kGap };
   Applied Apply(const std::string& kind,
-                const std::vector<LoggedChange>& changes);
+                const std::vector<LoggedChange>& changes,
+                std::vector<ChangeNotice::Resized>* resized = nullptr);
   // The cached view of `kind`, or nullopt when none is cached.
   std::optional<KindView> View(const std::string& kind) const;
   // Calls `read` with the cached view of `kind`, where it stands, and the

@@ -394,7 +394,15 @@ struct RedisNodeRegistry::Impl {
       }
       const std::string kind(
           key.substr(head.size(), key.size() - head.size() - kTail.size()));
-      switch (cache.Apply(kind, section.changes)) {
+      std::vector<ChangeNotice::Resized> resized;
+      const redis::PollCache::Applied outcome =
+          cache.Apply(kind, section.changes, &resized);
+      if (!resized.empty()) {
+        auto& all = notice.resized[kind];
+        all.insert(all.end(), std::make_move_iterator(resized.begin()),
+                   std::make_move_iterator(resized.end()));
+      }
+      switch (outcome) {
         case redis::PollCache::Applied::kApplied:
           applied = true;
           break;
