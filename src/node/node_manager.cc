@@ -206,8 +206,8 @@ void NodeManager::Wake(const ChangeNotice& notice) {
           if (r.seq > watch->second.seq) kept.push_back(r);
         }
         // Bounded: past it, a lost resize costs one look at the next poll.
-        if (kept.size() > 4096) {
-          kept.erase(kept.begin(), kept.begin() + 2048);
+        if (kept.size() > 1024) {
+          kept.erase(kept.begin(), kept.begin() + 512);
         }
       }
     }
