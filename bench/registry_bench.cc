@@ -216,7 +216,8 @@ struct Pod {
 std::unique_ptr<Pod> MakePod(const std::string& address, const std::string& id,
                              int nodes, Coverage* coverage,
                              absl::Duration lease, absl::Duration poll,
-                             const std::string& ns = "bench") {
+                             const std::string& ns = "bench",
+                             bool static_membership = false) {
   auto pod = std::make_unique<Pod>();
   auto registry = RedisNodeRegistry::Create(
       {.address = address, .ns = ns, .logger = testing::NullLogger()});
@@ -236,6 +237,7 @@ std::unique_ptr<Pod> MakePod(const std::string& address, const std::string& id,
       .registry = pod->faulty.get(),
       .poll_interval = poll,
       .lease = lease,
+      .static_membership = static_membership,
       .logger = testing::NullLogger(),
   });
   if (!pod->manager->Start().ok()) return nullptr;
@@ -377,6 +379,92 @@ bool ColdStart(const std::string& address, int pods, Coverage* coverage,
   return true;
 }
 
+// Restarts the first `roll` pods of `fleet` one at a time: each stops
+// gracefully and a new one takes its place, under a new pod id ("r<i>",
+// then "s<i>"...) or, with `same_id`, under the same one (the stopping pod
+// keeps its places: static membership). Prints the step figures; false
+// when a step does not converge. Every replacement has static membership
+// on, so that a later same-id restart finds it.
+bool RollingRestart(const std::string& address,
+                    std::vector<std::unique_ptr<Pod>>* fleet_ptr,
+                    Coverage* coverage_ptr, int roll, int per_pod,
+                    absl::Duration lease, absl::Duration poll, bool same_id) {
+  std::vector<std::unique_ptr<Pod>>& fleet = *fleet_ptr;
+  Coverage& coverage = *coverage_ptr;
+  const int pods = static_cast<int>(fleet.size());
+  const char* label = same_id ? "same-id restart" : "rolling restart";
+  std::vector<double> gaps, steps, stops, starts, leave_gaps, join_gaps;
+  int64_t moved = 0;
+  RedisStats roll_before = ReadStats(address);
+  FleetStats fleet_before = SumStats(fleet);
+  const double cpu_before = ProcessCpu();
+  coverage.TakeMoved();
+  auto roll_start = Clock::now();
+  for (int i = 0; i < roll; ++i) {
+    auto step_start = Clock::now();
+    coverage.TakeMaxGap();
+    coverage.TakeHalves();
+    const std::string id =
+        same_id ? fleet[i]->manager->pod_id() : absl::StrCat("r", i);
+    fleet[i]->manager->Stop();
+    auto stopped = Clock::now();
+    coverage.MarkJoin();
+    // The stopped pod's counters leave the sum with it.
+    fleet_before.Add(fleet[i]->manager->stats(), -1);
+    fleet[i] = MakePod(address, id, per_pod, &coverage, lease, poll, "bench",
+                       /*static_membership=*/true);
+    auto started = Clock::now();
+    if (fleet[i] == nullptr ||
+        !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
+                               std::chrono::milliseconds(20'000))) {
+      std::fprintf(stderr, "%s step %d did not converge: %s\n", label, i,
+                   coverage.Why(Prefixes(fleet)).c_str());
+      return false;
+    }
+    steps.push_back(Ms(Clock::now() - step_start));
+    stops.push_back(Ms(stopped - step_start));
+    starts.push_back(Ms(started - stopped));
+    gaps.push_back(Ms(coverage.TakeMaxGap()));
+    auto [leave_gap, join_gap] = coverage.TakeHalves();
+    leave_gaps.push_back(Ms(leave_gap));
+    join_gaps.push_back(Ms(join_gap));
+  }
+  moved = coverage.TakeMoved();
+  RedisStats roll_after = ReadStats(address);
+  FleetStats fleet_after = SumStats(fleet);
+  const double roll_seconds =
+      std::chrono::duration<double>(Clock::now() - roll_start).count();
+  // Where the machine's time went: the pods (this process) and Redis, as
+  // cores busy on average over the restart.
+  std::printf("%s  cpu: pods=%.2f cores redis=%.2f cores (of %u)\n", label,
+              (ProcessCpu() - cpu_before) / roll_seconds,
+              (roll_after.cpu - roll_before.cpu) / roll_seconds,
+              std::thread::hardware_concurrency());
+  std::printf(
+      "%s  pods=%d took %.0f ms load=%.1f; per step: shards moved=%.1f "
+      "round trips=%.0f polls=%.0f grant refusals=%.0f grants waited=%.0f "
+      "grant retries=%.0f "
+      "announcements heard=%.0f deferred by the rate limit=%.1f\n",
+      label, roll, Ms(Clock::now() - roll_start), LoadAverage(),
+      static_cast<double>(moved) / roll,
+      static_cast<double>(roll_after.round_trips - roll_before.round_trips) /
+          roll,
+      static_cast<double>(fleet_after.polls - fleet_before.polls) / roll,
+      static_cast<double>(fleet_after.conflicts - fleet_before.conflicts) /
+          roll,
+      static_cast<double>(fleet_after.waited - fleet_before.waited) / roll,
+      static_cast<double>(fleet_after.retries - fleet_before.retries) / roll,
+      static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll,
+      static_cast<double>(fleet_after.deferred - fleet_before.deferred) / roll);
+  Report("  step", steps);
+  Report("  unowned", gaps);
+  Report("   by the leave", leave_gaps);
+  Report("   by the join", join_gaps);
+  Report("  pod stop", stops);
+  Report("  pod start", starts);
+  return true;
+}
+
 int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
   auto want = [&](const char* part) {
     return only.empty() || absl::StrContains(only, part);
@@ -489,74 +577,18 @@ int Main(bool quick, const std::string& only, int steps_limit, int fleet_pods) {
       (polls_after - polls_before) / seconds / pods, cps,
       100.0 * (after.cpu - before.cpu) / seconds);
 
-  // Rolling restart: one pod at a time stops gracefully and a new one
-  // takes its place.
-  std::vector<double> gaps, steps, stops, starts, leave_gaps, join_gaps;
+  // Rolling restarts: one pod at a time stops gracefully and a new one
+  // takes its place, first under a new pod id (a Deployment: the fleet
+  // re-splits twice per step), then under the same one with static
+  // membership (a StatefulSet: only the restarting pod's shards move).
   const int roll =
       steps_limit > 0 ? std::min(steps_limit, pods) : (quick ? 3 : pods);
-  RedisStats roll_before = ReadStats(address);
-  FleetStats fleet_before = SumStats(fleet);
-  const double cpu_before = ProcessCpu();
-  auto roll_start = Clock::now();
-  for (int i = 0; i < roll; ++i) {
-    auto step_start = Clock::now();
-    coverage.TakeMaxGap();
-    coverage.TakeHalves();
-    fleet[i]->manager->Stop();
-    auto stopped = Clock::now();
-    coverage.MarkJoin();
-    // The stopped pod's counters leave the sum with it.
-    fleet_before.Add(fleet[i]->manager->stats(), -1);
-    fleet[i] =
-        MakePod(address, absl::StrCat("r", i), per_pod, &coverage, lease, poll);
-    auto started = Clock::now();
-    if (fleet[i] == nullptr ||
-        !coverage.AwaitCovered(Prefixes(fleet), pods * per_pod,
-                               std::chrono::milliseconds(20'000))) {
-      std::fprintf(stderr, "rolling restart step %d did not converge: %s\n", i,
-                   coverage.Why(Prefixes(fleet)).c_str());
-      return 1;
-    }
-    steps.push_back(Ms(Clock::now() - step_start));
-    stops.push_back(Ms(stopped - step_start));
-    starts.push_back(Ms(started - stopped));
-    gaps.push_back(Ms(coverage.TakeMaxGap()));
-    auto [leave_gap, join_gap] = coverage.TakeHalves();
-    leave_gaps.push_back(Ms(leave_gap));
-    join_gaps.push_back(Ms(join_gap));
+  if (!RollingRestart(address, &fleet, &coverage, roll, per_pod, lease, poll,
+                      false) ||
+      !RollingRestart(address, &fleet, &coverage, roll, per_pod, lease, poll,
+                      true)) {
+    return 1;
   }
-  RedisStats roll_after = ReadStats(address);
-  FleetStats fleet_after = SumStats(fleet);
-  const double roll_seconds =
-      std::chrono::duration<double>(Clock::now() - roll_start).count();
-  // Where the machine's time went: the pods (this process) and Redis, as
-  // cores busy on average over the restart.
-  std::printf(
-      "rolling restart  cpu: pods=%.2f cores redis=%.2f cores (of %u)\n",
-      (ProcessCpu() - cpu_before) / roll_seconds,
-      (roll_after.cpu - roll_before.cpu) / roll_seconds,
-      std::thread::hardware_concurrency());
-  std::printf(
-      "rolling restart  pods=%d took %.0f ms load=%.1f; per step: round "
-      "trips=%.0f polls=%.0f grant refusals=%.0f grants waited=%.0f "
-      "grant retries=%.0f "
-      "announcements heard=%.0f deferred by the rate limit=%.1f\n",
-      roll, Ms(Clock::now() - roll_start), LoadAverage(),
-      static_cast<double>(roll_after.round_trips - roll_before.round_trips) /
-          roll,
-      static_cast<double>(fleet_after.polls - fleet_before.polls) / roll,
-      static_cast<double>(fleet_after.conflicts - fleet_before.conflicts) /
-          roll,
-      static_cast<double>(fleet_after.waited - fleet_before.waited) / roll,
-      static_cast<double>(fleet_after.retries - fleet_before.retries) / roll,
-      static_cast<double>(fleet_after.nudges - fleet_before.nudges) / roll,
-      static_cast<double>(fleet_after.deferred - fleet_before.deferred) / roll);
-  Report("  step", steps);
-  Report("  unowned", gaps);
-  Report("   by the leave", leave_gaps);
-  Report("   by the join", join_gaps);
-  Report("  pod stop", stops);
-  Report("  pod start", starts);
 
   // A fifth of the pods die at once (their registry calls stop).
   const int dead = pods / 5;

@@ -558,6 +558,10 @@ void NodeManager::Tick() {
       return;
     }
     last_view_ = std::move(*result);
+    if (!predecessor_checked_) {
+      predecessor_checked_ = true;
+      DropPredecessorsExtraPlaces();
+    }
     DeltasSince(previous, &deltas);
     Retarget(deltas, std::move(last_targets_));
   } else {
@@ -909,68 +913,6 @@ void NodeManager::Deliver(Slot& slot, Assignment assignment) {
 
 void NodeManager::FenceAll(const char* why) {
   for (auto& slot : slots_) Fence(*slot, why);
-}
-
-void NodeManager::GracefulLeave() {
-  std::map<std::string, std::vector<std::string>> leave;
-  {
-    MutexLock l(&mu_);
-    for (auto& slot : slots_) {
-      bool working =
-          !slot->active.range.Empty() ||
-          (!slot->queue.empty() && !slot->queue.back().range.Empty());
-      if (working) Deliver(*slot, Assignment{});
-    }
-    absl::Time deadline = clock_->Now() + options_.operation_timeout;
-    clock_->AwaitWithDeadline(&mu_, &cv_, deadline, {},
-                              [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                for (const auto& slot : slots_) {
-                                  if (!slot->queue.empty()) return false;
-                                }
-                                return true;
-                              });
-    for (auto& slot : slots_) {
-      if (!slot->registered) continue;
-      if (!slot->queue.empty() || !slot->active.range.Empty()) {
-        // Still inside UpdateShardRange, or it refused the empty range:
-        // leaving now could let another node start while this one works.
-        // Its lease will expire instead.
-        SPDLOG_LOGGER_WARN(logger_,
-                           "node did not return from UpdateShardRange in "
-                           "time, leaving by lease expiry node={}",
-                           slot->info.id);
-        continue;
-      }
-      leave[slot->info.kind].push_back(slot->info.id);
-      slot->registered = false;
-    }
-  }
-  bool ever_registered;
-  {
-    MutexLock l(&mu_);
-    ever_registered = renewed_at_ != absl::InfinitePast();
-  }
-  for (const auto& [kind, ids] : leave) {
-    absl::Status s = options_.registry->Deregister(
-        Context::Background(clock_).WithTimeout(options_.operation_timeout),
-        kind, ids);
-    if (!s.ok() && !ever_registered) {
-      // No poll ever succeeded: there is nothing to leave (a reply lost on
-      // the way would have left a record that expires on its own).
-      SPDLOG_LOGGER_DEBUG(logger_,
-                          "deregister skipped, the pod never registered "
-                          "pod={} kind={}: {}",
-                          pod_id_, kind, s);
-    } else if (!s.ok()) {
-      SPDLOG_LOGGER_WARN(logger_,
-                         "deregister failed, leaving by lease expiry pod={} "
-                         "kind={}: {}",
-                         pod_id_, kind, s);
-    } else {
-      MutexLock l(&mu_);
-      stats_.releases += static_cast<int64_t>(ids.size());
-    }
-  }
 }
 
 }  // namespace setpoint

@@ -53,6 +53,12 @@ absl::Status ValidateNodeManagerSettings(const NodeManagerOptions& o) {
     return Invalid(
         "pod_id", absl::StrCat("must not contain '/', got \"", o.pod_id, "\""));
   }
+  if (o.static_membership && o.pod_id.empty()) {
+    return Invalid("static_membership",
+                   "needs a pod_id that stays the same across restarts (the "
+                   "default <hostname>-<pid> changes with every start: the "
+                   "kept places would only leave shards unowned for a lease)");
+  }
   if (o.kinds.empty()) return Invalid("kinds", "must name at least one kind");
   std::set<std::string> seen;
   for (size_t i = 0; i < o.kinds.size(); ++i) {

@@ -318,6 +318,13 @@ absl::StatusOr<int64_t> Integer(const std::string& field, const std::string& v,
   return n;
 }
 
+absl::StatusOr<bool> Boolean(const std::string& field, const std::string& v) {
+  if (v == "true") return true;
+  if (v == "false") return false;
+  return Bad(field,
+             absl::StrCat("must be true or false, got \"", Escape(v), "\""));
+}
+
 // Reads a regular file of at most `limit` bytes. Anything else is refused
 // before it is opened (a FIFO would block, /dev/zero never ends). Messages
 // start with what is wrong ("is a directory"), for the caller to prefix
@@ -489,6 +496,17 @@ constexpr KeySpec kKeys[] = {
      },
      [](const PodConfig& c, const NodeKindOptions*) {
        return absl::StrCat(c.manager.nudge_burst);
+     }},
+    {"static_membership", "true|false",
+     "a graceful stop keeps this pod's places for one lease, for a "
+     "successor with the same pod_id (needs an explicit pod_id)",
+     [](PodConfig& c, const Setting& s) -> absl::Status {
+       SETPOINT_ASSIGN_OR_RETURN(c.manager.static_membership,
+                                 Boolean(s.field, s.text));
+       return absl::OkStatus();
+     },
+     [](const PodConfig& c, const NodeKindOptions*) {
+       return std::string(c.manager.static_membership ? "true" : "false");
      }},
     {"lease", "<duration>",
      "how long a renewal keeps the nodes alive for other pods; >= 2 * "

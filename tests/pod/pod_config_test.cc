@@ -438,6 +438,24 @@ TEST(PodConfigTest, NudgeBurstIsAPositiveCount) {
               Refused({"nudge_burst", "1..1000"}));
 }
 
+TEST(PodConfigTest, StaticMembershipIsTrueOrFalseAndNeedsAPodId) {
+  auto c = ParsePodConfig(kMinimal, {"--static_membership=true", "--pod_id=a"});
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_TRUE(c->manager.static_membership);
+  c = ParsePodConfig(
+      "pod_id: a\nstatic_membership: false\nkinds:\n  - {kind: "
+      "vm}\n");
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_FALSE(c->manager.static_membership);
+  EXPECT_THAT(
+      ParsePodConfig(kMinimal, {"--static_membership=yes", "--pod_id=a"})
+          .status(),
+      Refused({"static_membership", "true or false", "\"yes\""}));
+  // The default id changes with every start: nothing would take the places.
+  EXPECT_THAT(ParsePodConfig(kMinimal, {"--static_membership=true"}).status(),
+              Refused({"static_membership", "pod_id"}));
+}
+
 TEST(PodConfigTest, RefusesMoreThan64Kinds) {
   std::string text = "kinds:\n";
   for (int i = 0; i < 65; ++i) absl::StrAppend(&text, "  - {kind: k", i, "}\n");

@@ -117,6 +117,18 @@ struct NodeManagerOptions {
   // of polls. > 0.
   // Default: 4.
   int nudge_burst = 4;
+  // Static membership, for pods whose id stays the same across restarts
+  // (a StatefulSet's pod name, not the default id). A graceful Stop then
+  // gives up every shard but keeps the pod's nodes members until their
+  // lease ends: a pod started with the same pod id before then renews them
+  // and takes the freed shards back, and the rest of the fleet moves
+  // nothing (a rolling restart moves only the restarting pod's shards).
+  // Without such a successor the shards stay unowned until the lease ends
+  // and the others take them: drain a pod (NodeRegistry::SetDrained)
+  // before removing it for good. Needs an explicit pod_id, never used by
+  // two live processes at once.
+  // Default: false (a graceful Stop leaves the ring at once).
+  bool static_membership = false;
   // Called on the protocol thread after each renewal that succeeded, with
   // the time (on `clock`) until which this pod's nodes may work without
   // another one: last renewal sent + lease - fence_margin. For metrics, and
@@ -411,7 +423,16 @@ class NodeManager {
   absl::Status LaunchNode(Slot& slot);
   // Calls a launched threadless node's Halt (nothing for another node).
   void HaltNode(Slot& slot);
+  // A graceful Stop's leave (leave.cc): empties the nodes, then
+  // deregisters them, or with static_membership releases their shards and
+  // keeps them members (KeepPlaces).
   void GracefulLeave();
+  void KeepPlaces(const std::map<std::string, std::vector<std::string>>& leave,
+                  bool ever_registered);
+  // After the first poll: deregisters members named after this pod that
+  // are not its nodes (a predecessor's, kept by static membership, when
+  // this pod has fewer nodes of the kind). Protocol thread.
+  void DropPredecessorsExtraPlaces();
   void Wake(const ChangeNotice& notice);
   // Metrics (no-op without options_.metrics): cells made at Start, counts
   // of registry errors (call without mu_: the registry's lock comes first).
@@ -482,6 +503,8 @@ class NodeManager {
   // (PollRequest::min_tokens).
   std::map<std::string, uint64_t> max_tokens_;
   std::optional<PollResult> last_view_;
+  // The first poll's view was checked for a predecessor's extra nodes.
+  bool predecessor_checked_ = false;
   // Kind -> where last_view_'s view of it stood in the registry's cache
   // when it was last brought up to it (ReadCachedView), so the next time
   // only the ids changed since are looked at. None for a view a poll read
