@@ -265,7 +265,7 @@ int Usage(const char* why) {
                "chaos_pod: %s\nusage: chaos_pod --redis=ADDR --pod=ID "
                "--log=FILE --nodes=N --ring=R --lease_ms=MS --poll_ms=MS "
                "--ns=NAME [--command_timeout_ms=MS] "
-               "[--operation_timeout_ms=MS]\n"
+               "[--operation_timeout_ms=MS] [--static_membership=1]\n"
                "   or: chaos_pod --sentinels=ADDR,ADDR --master=NAME "
                "[--grant_wait_replicas=N] (and the rest, no --redis)\n",
                why);
@@ -395,6 +395,7 @@ int main(int argc, char** argv) {
   if (operation_timeout_ms > 0) {
     options.operation_timeout = absl::Milliseconds(operation_timeout_ms);
   }
+  options.static_membership = flags["static_membership"] == "1";
   setpoint::NodeManager manager(std::move(options));
 
   int64_t before = MonotonicNanos();
