@@ -25,10 +25,14 @@
 //   steady cost      Redis commands per pod and per node per second, and
 //                    Redis CPU, with 100 pods of 10 nodes (1,000 nodes)
 //   rolling restart  each of the 100 pods in turn stops gracefully and a
-//                    new one starts: per step, the time until the ring is
-//                    owned again and the longest time a shard had no owner,
-//                    also split by the half of the step that let it go (the
-//                    old pod's leave, or the new pod's join after its start)
+//                    new one starts under a new pod id: per step, the time
+//                    until the ring is owned again and the longest time a
+//                    shard had no owner, also split by the half of the step
+//                    that let it go (the old pod's leave, or the new pod's
+//                    join after its start), and the shards moved
+//   same-id restart  the same again, each pod replaced by one with its own
+//                    pod id, with static membership (the stopping pod keeps
+//                    its places for the successor)
 //   mass failure     20 of the 100 pods die at once: time until every shard
 //                    is owned again
 // Exit code 1 if a run does not converge.
