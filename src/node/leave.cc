@@ -108,13 +108,16 @@ void NodeManager::KeepPlaces(
   }
   MutexLock l(&mu_);
   stats_.releases += released;
-  if (!failed.ok() && ever_registered) {
+  if (!failed.ok()) {
     // The records stay until the lease ends; a successor's first poll
-    // shows them and its nodes release them before they grow.
-    SPDLOG_LOGGER_WARN(logger_,
-                       "release failed, the shards stay recorded until the "
-                       "lease ends pod={}: {}",
-                       pod_id_, failed);
+    // shows them and its nodes release them before they grow. (A pod
+    // that never registered has nothing recorded.)
+    if (ever_registered) {
+      SPDLOG_LOGGER_WARN(logger_,
+                         "release failed, the shards stay recorded until "
+                         "the lease ends pod={}: {}",
+                         pod_id_, failed);
+    }
     return;
   }
   SPDLOG_LOGGER_INFO(logger_,

@@ -1,11 +1,12 @@
 // Static membership with real processes: three pods (the chaos suite's
 // pod, with --static_membership=1) share a ring through a real
-// redis-server; each in turn gets SIGTERM and a new process with the same
-// pod id takes its place (a StatefulSet's rolling restart). From the
-// processes' own logs (chaos/analyzer.h) the test checks that no shard ever
-// had two owners, that every client call ran inside its node's ownership,
-// that tokens grew, and that while a pod restarted no other pod's node was
-// moved: the restarting pod's places waited for its successor.
+// redis-server; each in turn gets SIGTERM (or SIGKILL: a crash, its records
+// left behind) and a new process with the same pod id takes its place (a
+// StatefulSet's rolling restart). From the processes' own logs
+// (chaos/analyzer.h) the test checks that no shard ever had two owners,
+// that every client call ran inside its node's ownership, that tokens
+// grew, and that while a pod restarted no other pod's node was moved: the
+// restarting pod's places waited for its successor.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -80,9 +81,9 @@ class PodProcess {
   PodProcess(const PodProcess&) = delete;
   PodProcess& operator=(const PodProcess&) = delete;
 
-  // SIGTERM, then the exit status once it exited.
-  int Terminate() {
-    kill(pid_, SIGTERM);
+  // Sends `sig`, then returns the exit status once it exited.
+  int Terminate(int sig = SIGTERM) {
+    kill(pid_, sig);
     int status = 0;
     waitpid(pid_, &status, 0);
     reaped_ = true;
@@ -129,7 +130,9 @@ bool OwnedOnce(const std::vector<std::unique_ptr<PodProcess>>& pods,
   return chaos::OwnedOnceAt(ptrs, kRing, Now(), false, why);
 }
 
-TEST(StaticMembershipProcessTest, ARollingRestartMovesOnlyTheRestartingPod) {
+// Restarts each pod in turn with `sig` (SIGTERM: graceful, SIGKILL: a
+// crash) and a successor under the same pod id, then checks the logs.
+void RollingRestart(int sig) {
   RedisServer server;
   SETPOINT_START_REDIS_OR_SKIP(server);
   char tmpl[] = "/tmp/setpoint-static-XXXXXX";
@@ -152,8 +155,10 @@ TEST(StaticMembershipProcessTest, ARollingRestartMovesOnlyTheRestartingPod) {
   std::vector<Step> steps;
   for (size_t i = 0; i < live.size(); ++i) {
     Step step{.term = Now()};
-    const int status = live[i]->Terminate();
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ids[i];
+    const int status = live[i]->Terminate(sig);
+    if (sig == SIGTERM) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ids[i];
+    }
     gone.push_back(std::move(live[i]));
     live[i] = std::make_unique<PodProcess>(server.address(), ids[i], 1, dir);
     ASSERT_TRUE(AwaitCondition([&] { return OwnedOnce(live, &why); }, wait))
@@ -210,6 +215,17 @@ TEST(StaticMembershipProcessTest, ARollingRestartMovesOnlyTheRestartingPod) {
     std::printf("restart of %s: ring owned once again after %.1f ms\n",
                 ids[i].c_str(), (steps[i].owned - steps[i].term) / 1e6);
   }
+}
+
+TEST(StaticMembershipProcessTest, AGracefulRollingRestartMovesNoOtherPod) {
+  RollingRestart(SIGTERM);
+}
+
+// The crashed pod's records stay (its lease has not ended); its successor
+// releases them and grants its nodes the shards again, with larger tokens,
+// and the others still move nothing.
+TEST(StaticMembershipProcessTest, ACrashRestartUnderTheSameIdMovesNoOtherPod) {
+  RollingRestart(SIGKILL);
 }
 
 }  // namespace

@@ -421,7 +421,8 @@ absl::StatusOr<RedisReply> RedisClient::Eval(
   return absl::UnavailableError("script: NOSCRIPT twice in a row");
 }
 
-absl::StatusOr<RedisReply> RedisClient::ReadPushed(absl::Duration timeout) {
+absl::StatusOr<RedisReply> RedisClient::ReadPushed(absl::Duration timeout,
+                                                   int wake_fd) {
   if (ctx_ == nullptr) {
     return absl::UnavailableError("read: not connected");
   }
@@ -434,13 +435,17 @@ absl::StatusOr<RedisReply> RedisClient::ReadPushed(absl::Duration timeout) {
     return Fail("read");
   }
   if (raw == nullptr) {
-    pollfd pfd{ctx_->fd, POLLIN, 0};
-    int ready =
-        ::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+    pollfd pfd[2] = {{ctx_->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    int ready = ::poll(pfd, wake_fd >= 0 ? 2 : 1,
+                       static_cast<int>(absl::ToInt64Milliseconds(timeout)));
     if (ready == 0) return RedisReply{};  // Nothing yet.
     if (ready < 0) {
       if (errno == EINTR) return RedisReply{};
       return Fail("poll");
+    }
+    // Woken: the owner is stopping.
+    if ((pfd[0].revents & (POLLIN | POLLERR | POLLHUP)) == 0) {
+      return RedisReply{};
     }
     if (redisBufferRead(ctx_) != REDIS_OK) return Fail("read");
     if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) return Fail("read");

@@ -103,7 +103,11 @@ class RedisClient {
       absl::Duration budget = absl::InfiniteDuration());
   // Blocks until a message arrives or `timeout` passes, for a subscribed
   // connection. Returns the message, or nullopt-like kNil reply on timeout.
-  absl::StatusOr<RedisReply> ReadPushed(absl::Duration timeout);
+  // With `wake_fd` (>= 0) it also returns the kNil reply as soon as that
+  // descriptor is readable (an eventfd its owner writes to stop a reader
+  // thread without waiting out the timeout).
+  absl::StatusOr<RedisReply> ReadPushed(absl::Duration timeout,
+                                        int wake_fd = -1);
   // Round trips made (commands sent), for cost accounting.
   int64_t round_trips() const { return round_trips_; }
   // Drops the connection (the next command reconnects).
