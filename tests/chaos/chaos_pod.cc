@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
   setpoint::LoopPool loops({.name = absl::StrCat(pod, "/loops"),
                             .clock = setpoint::Clock::Monotonic(),
                             .logger = logger});
-  for (absl::Status s : {runners.Start(), loops.Start()}) {
+  for (const absl::Status& s : {runners.Start(), loops.Start()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "chaos_pod: %s\n", s.ToString().c_str());
       return 2;
