@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,6 +216,8 @@ void RollingRestart(int sig) {
     std::printf("restart of %s: ring owned once again after %.1f ms\n",
                 ids[i].c_str(), (steps[i].owned - steps[i].term) / 1e6);
   }
+  // The logs stay for a failure to be read.
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 TEST(StaticMembershipProcessTest, AGracefulRollingRestartMovesNoOtherPod) {
