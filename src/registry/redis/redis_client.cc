@@ -443,10 +443,9 @@ absl::StatusOr<RedisReply> RedisClient::ReadPushed(absl::Duration timeout,
       if (errno == EINTR) return RedisReply{};
       return Fail("poll");
     }
-    // Woken: the owner is stopping.
-    if ((pfd[0].revents & (POLLIN | POLLERR | POLLHUP)) == 0) {
-      return RedisReply{};
-    }
+    // Only the wake descriptor: the owner is stopping. Anything on the
+    // socket (data, an error, POLLNVAL) is read as before.
+    if (pfd[0].revents == 0) return RedisReply{};
     if (redisBufferRead(ctx_) != REDIS_OK) return Fail("read");
     if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) return Fail("read");
     if (raw == nullptr) return RedisReply{};
