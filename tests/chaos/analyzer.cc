@@ -138,6 +138,19 @@ absl::StatusOr<PodLog> ReadPodLog(const std::string& path) {
   return ParsePodLog(ss.str());
 }
 
+void NameIncarnation(PodLog* log, const std::string& pod_id,
+                     const std::string& label) {
+  const std::string prefix = pod_id + "/";
+  auto rename = [&](const std::string& node) {
+    return node.starts_with(prefix) ? label + node.substr(pod_id.size()) : node;
+  };
+  log->pod = label;
+  std::map<std::string, std::vector<Call>> calls;
+  for (auto& [node, list] : log->calls) calls[rename(node)] = std::move(list);
+  log->calls = std::move(calls);
+  for (ClientCall& c : log->client_calls) c.node = rename(c.node);
+}
+
 std::vector<Span> ValiditySpans(const std::vector<Renewal>& renewals) {
   std::vector<Span> spans;
   bool open = false;

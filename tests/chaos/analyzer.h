@@ -123,6 +123,13 @@ struct PodLog {
 PodLog ParsePodLog(std::string_view text);
 // kNotFound if the file cannot be read.
 absl::StatusOr<PodLog> ReadPodLog(const std::string& path);
+// Names one process of a pod apart from the others that ran under the same
+// pod id (static membership restarts a pod under its own id): the pod
+// becomes `label` and each node "<pod_id>/..." becomes "<label>/...", in the
+// calls and the client calls. Two processes with one
+// pod id then count as two owners to every check.
+void NameIncarnation(PodLog* log, const std::string& pod_id,
+                     const std::string& label);
 
 // One pod process: its log and what the driver did to it.
 struct PodRecord {

@@ -144,6 +144,36 @@ TEST(ChaosAnalyzerTest, DoubleOwnershipIsFoundAndMeasured) {
   EXPECT_TRUE(CheckOneOwner(All({a, b2}, Cut::kRaw), 2).overlaps.empty());
 }
 
+TEST(ChaosAnalyzerTest, TwoProcessesOfOnePodIdAreTwoOwnersOnceNamedApart) {
+  // Two incarnations of pod "a" (a restart under the same id) both own
+  // shard 1 from 250 to 310, and the later one calls the client there.
+  const std::string first = S("a", 1) + B("a/work/0", 0, 2, 5, 100) +
+                            E("a/work/0", 101) + B("a/work/0", 0, 0, 0, 300) +
+                            E("a/work/0", 310);
+  const std::string second = S("a", 200) + B("a/work/0", 1, 2, 6, 250) +
+                             E("a/work/0", 251) + C("a/work/0", 1, 6, 260, 270);
+  PodRecord a1 = Rec(first);
+  PodRecord a2 = Rec(second);
+  // Under one name the analyzer sees one node, which owns shard 1 once.
+  EXPECT_TRUE(CheckOneOwner(All({a1, a2}, Cut::kRaw), 2).overlaps.empty());
+  NameIncarnation(&a1.log, "a", "a#0");
+  NameIncarnation(&a2.log, "a", "a#1");
+  EXPECT_EQ(a2.log.pod, "a#1");
+  ASSERT_EQ(a2.log.client_calls.size(), 1u);
+  EXPECT_EQ(a2.log.client_calls[0].node, "a#1/work/0");
+  EXPECT_EQ(a2.log.calls.count("a#1/work/0"), 1u);
+  EXPECT_EQ(a2.log.calls.count("a/work/0"), 0u);
+  OwnerCheck check = CheckOneOwner(All({a1, a2}, Cut::kRaw), 2);
+  ASSERT_EQ(check.overlaps.size(), 1u);
+  EXPECT_EQ(check.overlaps[0].first.node, "a#0/work/0");
+  EXPECT_EQ(check.overlaps[0].second.node, "a#1/work/0");
+  EXPECT_EQ(check.shard_ns, 60);
+  // A node of another pod whose id starts alike is left as it is.
+  PodLog other = ParsePodLog(S("ab", 1) + B("ab/work/0", 0, 1, 9, 5));
+  NameIncarnation(&other, "a", "a#0");
+  EXPECT_EQ(other.calls.count("ab/work/0"), 1u);
+}
+
 TEST(ChaosAnalyzerTest, ThreeOwnersCountOnceInTimeAndTwiceInPairs) {
   PodRecord a = Rec(S("a", 1) + B("a/work/0", 0, 1, 1, 0) + E("a/work/0", 1),
                     /*death=*/100);

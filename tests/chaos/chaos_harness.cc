@@ -38,6 +38,7 @@ PodProcess* ChaosHarness::Launch(int index) {
               ? absl::StrCat("p", index)
               : absl::StrCat("p", index, "r", slot.incarnation);
   ++slot.incarnation;
+  p->pod_id = c_.static_membership ? absl::StrCat("p", index) : p->id;
   p->slot = index;
   p->log_path = absl::StrCat(dir_, "/", p->id, ".log");
   std::string err = absl::StrCat(dir_, "/", p->id, ".stderr");
@@ -46,7 +47,7 @@ PodProcess* ChaosHarness::Launch(int index) {
   std::vector<std::string> args = {
       SETPOINT_CHAOS_POD,
       "--redis=" + slot.proxy->address(),
-      "--pod=" + p->id,
+      "--pod=" + p->pod_id,
       "--log=" + p->log_path,
       absl::StrCat("--nodes=", c_.nodes),
       absl::StrCat("--ring=", c_.ring),
@@ -54,6 +55,7 @@ PodProcess* ChaosHarness::Launch(int index) {
       absl::StrCat("--poll_ms=", c_.poll_ms),
       "--ns=chaos",
   };
+  if (c_.static_membership) args.emplace_back("--static_membership=1");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -117,7 +119,10 @@ void ChaosHarness::Reap() {
       slot.pod = nullptr;
       slot.faulted = false;
       if (slot.restart_at == kNever)
-        slot.restart_at = Now() + U(1000, 3000) * kMs;
+        // With static membership the successor comes as often within
+        // the lease (it takes the kept places back) as after it.
+        slot.restart_at =
+            Now() + (c_.static_membership ? U(50, 3000) : U(1000, 3000)) * kMs;
     }
     // The fault that asked for the exit ends now.
     for (FaultRecord& f : faults_) {
@@ -614,7 +619,9 @@ void ChaosHarness::Run() {
     if (kind == Kind::kPodKill) {
       gap += KillBoundMs() * kMs;
     } else if (kind == Kind::kPodTerm) {
-      gap += 2'000 * kMs;
+      // With static membership the places wait for the successor, or a
+      // lease.
+      gap += c_.static_membership ? KillBoundMs() * kMs : 2'000 * kMs;
     } else if (kind == Kind::kRedisRestartEmpty ||
                kind == Kind::kRedisRestartSnapshot ||
                kind == Kind::kRedisRestartOldSnapshot) {

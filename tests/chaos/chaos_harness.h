@@ -83,6 +83,11 @@ struct ChaosConfig {
   // The longer mode's scale case (ScaleManyPodProcesses): this many pod
   // processes; 0 skips it.
   int scale_pods = 0;
+  // Static membership: every pod runs with --static_membership=1 and is
+  // restarted under its slot's own pod id, so a SIGTERM keeps its places
+  // for the successor (or until the lease ends) and a successor may find
+  // its predecessor's records. Each process is still analysed apart.
+  bool static_membership = false;
 };
 
 inline ChaosConfig& Config() {
@@ -140,7 +145,11 @@ class Watchdog {
 };
 
 struct PodProcess {
+  // Names this process in the run, the logs and the analysis ("p1r2").
+  // With static membership it runs under its slot's pod id ("p1") and the
+  // analysis renames its nodes after `id` (NameIncarnation).
   std::string id;
+  std::string pod_id;
   std::string log_path;
   pid_t pid = -1;
   int slot = -1;

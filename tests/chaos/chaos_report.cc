@@ -69,7 +69,9 @@ void ChaosHarness::Analyze() {
     if (log.ok()) rec.log = std::move(*log);
     rec.death = p->death;
     rec.stops = p->stops;
-    if (rec.log.pod.empty()) rec.log.pod = p->id;
+    if (rec.log.pod.empty()) rec.log.pod = p->pod_id;
+    EXPECT_EQ(rec.log.pod, p->pod_id);
+    if (p->pod_id != p->id) NameIncarnation(&rec.log, p->pod_id, p->id);
     EXPECT_EQ(rec.log.pod, p->id);
     EXPECT_EQ(rec.log.bad_lines, 0) << p->id;
     EXPECT_EQ(rec.log.unmatched, 0) << p->id;
@@ -130,9 +132,12 @@ void ChaosHarness::Analyze() {
         TimeToConverge(converged, f.end, lease + poll, stopping_at_);
     // Clean: no other fault from a lease before it until its takeover
     // could be measured (a graceful one is fast).
-    int64_t tail = fault_kinds_[i] == Kind::kPodTerm
-                       ? (kGracefulBoundMs + c_.graceful_slack_ms) * kMs
-                       : kill_bound;
+    // A SIGTERM with static membership keeps the places for the successor
+    // or until the lease ends: the bound of a kill.
+    const bool graceful =
+        fault_kinds_[i] == Kind::kPodTerm && !c_.static_membership;
+    int64_t tail =
+        graceful ? (kGracefulBoundMs + c_.graceful_slack_ms) * kMs : kill_bound;
     Span window = {f.start - lease - poll, f.end + tail};
     for (size_t j = 0; j < faults_.size(); ++j) {
       if (j == i) continue;
@@ -159,7 +164,7 @@ void ChaosHarness::Analyze() {
         continue;
       }
       per[i].takeover = std::max(per[i].takeover, x.gap());
-      if (fault_kinds_[i] == Kind::kPodTerm && per[i].clean) {
+      if (graceful && per[i].clean) {
         graceful_gaps.push_back(x.gap());
       }
     }
@@ -170,10 +175,12 @@ void ChaosHarness::Analyze() {
   absl::StrAppendFormat(
       &out,
       "\n==== chaos summary: seed=%llu duration=%llds pods=%dx%d ring=%u "
-      "lease=%lldms poll=%lldms\n",
+      "lease=%lldms poll=%lldms%s\n",
       static_cast<unsigned long long>(c_.seed),
       static_cast<long long>(c_.seconds), c_.pods, c_.nodes, c_.ring,
-      static_cast<long long>(c_.lease_ms), static_cast<long long>(c_.poll_ms));
+      static_cast<long long>(c_.lease_ms), static_cast<long long>(c_.poll_ms),
+      c_.static_membership ? " static_membership (SIGTERM bound: the kill's)"
+                           : "");
   absl::StrAppendFormat(
       &out,
       "slack: SIGKILL takeover bound (lease+poll)*1.1 + %lldms = %lldms; "
@@ -496,6 +503,11 @@ void ChaosHarness::Analyze() {
     if (fault_kinds_[i] == Kind::kPodTerm && per[i].clean) {
       EXPECT_EQ(per[i].untaken, 0)
           << "(d) shards of " << faults_[i].target << " never taken over";
+      if (c_.static_membership && per[i].takeover >= 0) {
+        EXPECT_LE(per[i].takeover, kill_bound)
+            << "(d) takeover after SIGTERM of " << faults_[i].target
+            << " with static membership at " << Rel(faults_[i].start);
+      }
     }
   }
   if (!graceful_gaps.empty()) {

@@ -12,6 +12,7 @@
 // (SETPOINT_CHAOS_SEED, SETPOINT_CHAOS_SECONDS, ...) and how to replay.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +52,19 @@ TEST(ChaosTest, ScaleManyPodProcesses) {
   harness.Run();
 }
 
+// Static membership under the same faults: every pod restarts under its
+// own pod id, so a successor takes its predecessor's places (after a
+// SIGTERM, or finds its records after a SIGKILL) while the others stay;
+// each process is still its own owner to the checks. Half the default
+// fault phase.
+TEST(ChaosTest, StaticMembershipUnderFaults) {
+  ChaosConfig c = Config();
+  c.static_membership = true;
+  c.seconds = std::max<int64_t>(c.seconds / 2, 1);
+  ChaosHarness harness(c);
+  harness.Run();
+}
+
 bool ParseInt(const char* s, int64_t* out) {
   return s != nullptr && absl::SimpleAtoi(s, out);
 }
@@ -82,6 +96,7 @@ int main(int argc, char** argv) {
       {"SETPOINT_CHAOS_FAULTS", "faults"},
       {"SETPOINT_CHAOS_LONG", "long"},
       {"SETPOINT_CHAOS_SCALE_PODS", "scale_pods"},
+      {"SETPOINT_CHAOS_STATIC_MEMBERSHIP", "static_membership"},
   };
   for (const auto& [var, key] : env) {
     const char* v = getenv(var);
@@ -105,6 +120,8 @@ int main(int argc, char** argv) {
       c.only_faults = value;
     } else if (key == "keep") {
       c.keep = value != "0";
+    } else if (key == "static_membership") {
+      c.static_membership = value != "0";
     } else if (key == "long") {
       if (value != "0" && c.scale_pods == 0) c.scale_pods = 24;
     } else if (key == "seed") {

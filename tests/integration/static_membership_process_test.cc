@@ -99,16 +99,7 @@ class PodProcess {
     absl::StatusOr<chaos::PodLog> log = chaos::ReadPodLog(log_);
     if (!log.ok()) return rec;
     rec.log = *std::move(log);
-    const std::string tag = absl::StrCat(id_, "#", incarnation_);
-    auto rename = [&](const std::string& node) {
-      return node.rfind(id_ + "/", 0) == 0 ? tag + node.substr(id_.size())
-                                           : node;
-    };
-    rec.log.pod = tag;
-    std::map<std::string, std::vector<chaos::Call>> calls;
-    for (auto& [node, list] : rec.log.calls) calls[rename(node)] = list;
-    rec.log.calls = std::move(calls);
-    for (chaos::ClientCall& c : rec.log.client_calls) c.node = rename(c.node);
+    chaos::NameIncarnation(&rec.log, id_, absl::StrCat(id_, "#", incarnation_));
     rec.death = death_;
     return rec;
   }
