@@ -11,13 +11,15 @@
 
 // Design. A runner is in one of three places: idle (its `sleeping` flag
 // set; it holds no thread), queued in ready_, or running a turn on one pool
-// thread. Whoever clears the flag (a producer whose post found it set, the
-// pool when the runner's wake is due, Stop) queues it, so a runner is never
-// queued or run twice at once (runner.cc, RunTurn). A turn that ends with
-// work left queues the runner again, behind the others. Lock order: a
-// runner's mutex, then the pool's; the pool calls into a runner only
-// through its atomic flag while holding its own mutex, and runs turns
-// without it.
+// thread. Idle pool threads wait each on its own condition variable, in a
+// stack: a queued turn wakes one, the last to go idle (warm caches); an
+// earlier timer wakes them all to look again. Whoever clears the flag (a
+// producer whose post found it set, the pool when the runner's wake is due,
+// Stop) queues it, so a runner is never queued or run twice at once (runner.cc,
+// RunTurn). A turn that ends with work left queues the runner again, behind the
+// others. Lock order: a runner's mutex, then the pool's; the pool calls into a
+// runner only through its atomic flag while holding its own mutex, and runs
+// turns without it.
 
 namespace setpoint {
 namespace {
@@ -62,10 +64,14 @@ absl::Status RunnerPool::Start() {
     stats_.threads = options_.threads;
   }
   for (int i = 0; i < options_.threads; ++i) {
-    threads_.emplace_back([this](std::stop_token stop) {
-      pthread_setname_np(pthread_self(), "sp-runners");
-      Work(stop);
-    });
+    workers_.push_back(std::make_unique<Worker>());
+  }
+  for (int i = 0; i < options_.threads; ++i) {
+    threads_.emplace_back(
+        [this, self = workers_[i].get()](std::stop_token stop) {
+          pthread_setname_np(pthread_self(), "sp-runners");
+          Work(stop, self);
+        });
   }
   return absl::OkStatus();
 }
@@ -81,7 +87,7 @@ void RunnerPool::Stop() {
                          "(stop the runners first)",
                          options_.name);
     }
-    cv_.SignalAll();
+    WakeAll();
   }
   for (auto& t : threads_) {
     t.request_stop();
@@ -94,7 +100,9 @@ void RunnerPool::Stop() {
 
 RunnerPoolStats RunnerPool::stats() const {
   MutexLock l(&mu_);
-  return stats_;
+  RunnerPoolStats out = stats_;
+  out.idle = static_cast<int>(idle_.size());
+  return out;
 }
 
 bool RunnerPool::running() const {
@@ -105,7 +113,26 @@ bool RunnerPool::running() const {
 void RunnerPool::Schedule(Runner* runner) {
   MutexLock l(&mu_);
   ready_.push_back(runner);
-  cv_.SignalAll();
+  // One runner needs one thread: waking every idle one would have them
+  // all contend for the lock (and the cores) to find one turn. A thread
+  // that takes a turn wakes the next if more are queued.
+  WakeOne();
+}
+
+void RunnerPool::WakeAll() {
+  for (Worker* w : idle_) {
+    w->woken = true;
+    w->cv.Signal();
+  }
+  idle_.clear();
+}
+
+void RunnerPool::WakeOne() {
+  if (idle_.empty()) return;
+  Worker* w = idle_.back();
+  idle_.pop_back();
+  w->woken = true;
+  w->cv.Signal();
 }
 
 void RunnerPool::WakeAt(Runner* runner, absl::Time when) {
@@ -118,10 +145,9 @@ void RunnerPool::WakeAt(Runner* runner, absl::Time when) {
   const bool earliest = wakes_.empty() || when < wakes_.front().when;
   wakes_.push_back(Wake{when, runner});
   std::push_heap(wakes_.begin(), wakes_.end(), LaterWake());
-  if (earliest) {
-    rescan_ = true;
-    cv_.SignalAll();
-  }
+  // Every idle thread waits until the earliest wake it saw: each looks
+  // again (so whichever stays idle, or is busy, serves this one on time).
+  if (earliest) WakeAll();
 }
 
 void RunnerPool::Forget(Runner* runner) {
@@ -134,7 +160,7 @@ void RunnerPool::Forget(Runner* runner) {
   std::erase(ready_, runner);
 }
 
-void RunnerPool::Work(std::stop_token stop) {
+void RunnerPool::Work(std::stop_token stop, Worker* self) {
   MutexLock l(&mu_);
   while (!stopping_ && !stop.stop_requested()) {
     // Due wakes: idle runners whose flag the pool clears are queued.
@@ -155,20 +181,23 @@ void RunnerPool::Work(std::stop_token stop) {
       Runner* runner = ready_.front();
       ready_.pop_front();
       ++stats_.turns;
-      if (!ready_.empty()) cv_.Signal();  // More for the others.
+      if (!ready_.empty()) WakeOne();  // More for the others.
       mu_.Unlock();
       const bool more = runner->RunTurn();
       mu_.Lock();
       if (more) ready_.push_back(runner);
       continue;
     }
-    rescan_ = false;
     const absl::Time deadline =
         wakes_.empty() ? absl::InfiniteFuture() : wakes_.front().when;
-    clock_->AwaitWithDeadline(&mu_, &cv_, deadline, stop, [this] {
+    self->woken = false;
+    idle_.push_back(self);
+    clock_->AwaitWithDeadline(&mu_, &self->cv, deadline, stop, [this, self] {
       mu_.AssertHeld();
-      return !ready_.empty() || stopping_ || rescan_;
+      return self->woken || stopping_;
     });
+    // Timed out or stopped: no longer idle. (A waker took it off already.)
+    if (!self->woken) std::erase(idle_, self);
   }
 }
 

@@ -404,6 +404,28 @@ TEST(RunnerPoolTest, PostAndWaitAndIsCurrentOnAPool) {
   r.Stop();
 }
 
+// A queued turn wakes one idle thread, the one that went idle last (its
+// caches still hold what the runner touched): a runner posted to while the
+// whole pool waits runs on the same thread every time.
+TEST(RunnerPoolTest, ATurnWakesTheThreadThatWentIdleLast) {
+  RunnerPool pool({.threads = 4, .logger = NullLogger()});
+  ASSERT_THAT(pool.Start(), IsOk());
+  Runner r(OnPool(&pool));
+  ASSERT_THAT(r.Start(), IsOk());
+  absl::flat_hash_set<std::thread::id> ran_on;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(AwaitCondition([&] { return pool.stats().idle == 4; }))
+        << "round " << i << ": idle " << pool.stats().idle;
+    absl::StatusOr<std::thread::id> on =
+        r.PostAndWait(Context(), [] { return std::this_thread::get_id(); });
+    ASSERT_THAT(on.status(), IsOk());
+    ran_on.insert(*on);
+  }
+  EXPECT_EQ(ran_on.size(), 1u);
+  r.Stop();
+  EXPECT_EQ(pool.stats().threads, 4);
+}
+
 TEST(RunnerPoolTest, AnEventThatBlocksHoldsOneThreadAndTheOthersGoOn) {
   RunnerPool pool({.threads = 2, .logger = NullLogger()});
   ASSERT_THAT(pool.Start(), IsOk());

@@ -65,6 +65,7 @@ struct RunnerPoolStats {
   int threads = 0;
   int64_t turns = 0;        // Turns given to runners.
   int64_t timer_wakes = 0;  // Idle runners woken for a due timer.
+  int idle = 0;             // Threads waiting for a turn to run, now.
 };
 
 class RunnerPool {
@@ -94,6 +95,14 @@ class RunnerPool {
     absl::Time when;
     Runner* runner;
   };
+  // One pool thread's wait: each waits on its own condition variable, so
+  // a runner given a turn wakes exactly one thread, the one that went idle
+  // last (its core and caches most likely still hold what the runner's
+  // last turn touched).
+  struct Worker {
+    CondVar cv;
+    bool woken = false;  // Guarded by the pool's mu_.
+  };
 
   // `runner` has work and no turn queued or running: queue one.
   void Schedule(Runner* runner);
@@ -103,24 +112,27 @@ class RunnerPool {
   // `runner` stopped: no wake for it remains, none of its turns is queued.
   void Forget(Runner* runner);
 
-  void Work(std::stop_token stop);
+  void Work(std::stop_token stop, Worker* self);
+  // Wakes the thread that went idle last, if any is idle.
+  void WakeOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RunnerPoolOptions options_;
   Clock* const clock_;
   std::shared_ptr<spdlog::logger> logger_;
 
   mutable Mutex mu_;
-  CondVar cv_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A wake earlier than the waiting threads' deadline was added.
-  bool rescan_ ABSL_GUARDED_BY(mu_) = false;
+  // Idle threads, in the order they went idle (the last one at the back).
+  std::vector<Worker*> idle_ ABSL_GUARDED_BY(mu_);
   std::deque<Runner*> ready_ ABSL_GUARDED_BY(mu_);
   // Min-heap by time; an entry counts only while pending_ holds its time.
   std::vector<Wake> wakes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<Runner*, absl::Time> pending_ ABSL_GUARDED_BY(mu_);
   RunnerPoolStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::jthread> threads_;  // Owner thread (Start, Stop).
+  std::vector<std::unique_ptr<Worker>> workers_;  // Made by Start, kept.
+  std::vector<std::jthread> threads_;             // Owner thread (Start, Stop).
 };
 
 }  // namespace setpoint
