@@ -229,6 +229,17 @@ std::string JsonEscape(const std::string& s);
 std::string Mmm(const std::vector<int64_t>& v);
 std::string JsonMmm(const std::vector<int64_t>& v);
 
+// What a run found that the one-owner promise rests on (the tests assert
+// it; chaos_report.cc prints the details and checks the bounds).
+struct ChaosOutcome {
+  bool analysed = false;          // The run got as far as the analysis.
+  int64_t overlaps_validity = 0;  // (a) pairs owning a shard at once.
+  int64_t overlaps_calls = 0;     // (b) the same by the calls alone.
+  int64_t token_violations = 0;   // (c) tokens that went back.
+  int64_t client_calls = 0;       // (f) calls checked...
+  int64_t client_violations = 0;  // ... and outside ownership.
+};
+
 class ChaosHarness {
  public:
   explicit ChaosHarness(const ChaosConfig& config)
@@ -244,6 +255,8 @@ class ChaosHarness {
   }
 
   void Run();
+  // What Run found (analysed stays false if it stopped before the end).
+  const ChaosOutcome& outcome() const { return outcome_; }
 
  private:
   // --- setup and processes -------------------------------------------------
@@ -317,6 +330,7 @@ class ChaosHarness {
   int64_t fault_phase_end_ = 0;
   int64_t stopping_at_ = kNever;  // When StopAll began.
   std::string note_;              // For the next Record.
+  ChaosOutcome outcome_;
 };
 
 }  // namespace setpoint::chaos

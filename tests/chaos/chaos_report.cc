@@ -475,21 +475,15 @@ void ChaosHarness::Analyze() {
   }
 
   // --- the checks ------------------------------------------------------------
-  EXPECT_TRUE(by_validity.overlaps.empty())
-      << "(a) double ownership with the validity cut: "
-      << by_validity.overlaps.size() << " overlapping interval pairs, "
-      << by_validity.shard_ns / kMs << " shard-ms (see the incidents above)";
-  EXPECT_TRUE(by_calls.overlaps.empty())
-      << "(b) double ownership by the UpdateShardRange calls alone: "
-      << by_calls.overlaps.size() << " overlapping interval pairs, "
-      << by_calls.shard_ns / kMs << " shard-ms (see the incidents above)";
-  EXPECT_TRUE(tokens.empty())
-      << "(c) " << tokens.size() << " token order violations";
-  EXPECT_GT(client.calls, 0) << "(f) no client call was logged";
-  EXPECT_TRUE(client.violations.empty())
-      << "(f) " << client.violations.size()
-      << " client calls outside their node's ownership or overlapping "
-         "another node's (see the summary above)";
+  // (a), (b), (c) and (f): the tests assert them on the outcome.
+  outcome_ = {
+      .analysed = true,
+      .overlaps_validity = static_cast<int64_t>(by_validity.overlaps.size()),
+      .overlaps_calls = static_cast<int64_t>(by_calls.overlaps.size()),
+      .token_violations = static_cast<int64_t>(tokens.size()),
+      .client_calls = client.calls,
+      .client_violations = static_cast<int64_t>(client.violations.size()),
+  };
   for (size_t i = 0; i < faults_.size(); ++i) {
     if (fault_kinds_[i] == Kind::kPodKill) {
       EXPECT_EQ(per[i].untaken, 0)

@@ -28,9 +28,27 @@
 namespace setpoint::chaos {
 namespace {
 
+// The promise the suite is for, on what a run found (the summary printed
+// above names the shards, nodes and times of any breach).
+void ExpectOneOwner(const ChaosHarness& harness) {
+  if (::testing::Test::IsSkipped()) return;
+  const ChaosOutcome& o = harness.outcome();
+  ASSERT_TRUE(o.analysed) << "the run stopped before its analysis";
+  EXPECT_EQ(o.overlaps_validity, 0)
+      << "(a) double ownership with the validity cut (see the incidents)";
+  EXPECT_EQ(o.overlaps_calls, 0)
+      << "(b) double ownership by the UpdateShardRange calls alone";
+  EXPECT_EQ(o.token_violations, 0) << "(c) token order violations";
+  EXPECT_GT(o.client_calls, 0) << "(f) no client call was logged";
+  EXPECT_EQ(o.client_violations, 0)
+      << "(f) client calls outside their node's ownership or overlapping "
+         "another node's";
+}
+
 TEST(ChaosTest, AtMostOneOwnerPerShardUnderFaults) {
   ChaosHarness harness(Config());
   harness.Run();
+  ExpectOneOwner(harness);
 }
 
 // The longer mode's scale case: many pod processes of 2 nodes on one ring,
@@ -50,6 +68,7 @@ TEST(ChaosTest, ScaleManyPodProcesses) {
   }
   ChaosHarness harness(c);
   harness.Run();
+  ExpectOneOwner(harness);
 }
 
 // Static membership under the same faults: every pod restarts under its
@@ -63,6 +82,7 @@ TEST(ChaosTest, StaticMembershipUnderFaults) {
   c.seconds = std::max<int64_t>(c.seconds / 2, 1);
   ChaosHarness harness(c);
   harness.Run();
+  ExpectOneOwner(harness);
 }
 
 bool ParseInt(const char* s, int64_t* out) {
