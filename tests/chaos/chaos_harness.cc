@@ -3,9 +3,7 @@
 // Redis restarts and snapshots, and the run from start to the analysis.
 #include "chaos/chaos_harness.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "chaos/spawn.h"
 #include "gtest/gtest.h"
 
 namespace setpoint::chaos {
@@ -42,8 +41,6 @@ PodProcess* ChaosHarness::Launch(int index) {
   p->slot = index;
   p->log_path = absl::StrCat(dir_, "/", p->id, ".log");
   std::string err = absl::StrCat(dir_, "/", p->id, ".stderr");
-  // Everything the child needs is built before fork (the driver has
-  // threads: only async-signal-safe calls between fork and exec).
   std::vector<std::string> args = {
       SETPOINT_CHAOS_POD,
       "--redis=" + slot.proxy->address(),
@@ -56,27 +53,20 @@ PodProcess* ChaosHarness::Launch(int index) {
       "--ns=chaos",
   };
   if (c_.static_membership) args.emplace_back("--static_membership=1");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t parent = getpid();
   p->launched = Now();
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
+  p->pid = SpawnChild(std::move(args), err);
+  if (p->pid < 0) {
+    // Never a target (a signal to pid -1 would reach every process): the
+    // run fails, and the slot tries again in a second.
+    problems_.push_back(absl::StrCat("could not fork ", p->id));
+    p->reaped = p->killed = true;
+    p->death = Now();
+    slot.restart_at = Now() + 1'000 * kMs;
+  } else {
+    RegisterChild(p->pid);
+    slot.pod = p.get();
+    slot.restart_at = kNever;
   }
-  p->pid = pid;
-  RegisterChild(pid);
-  slot.pod = p.get();
-  slot.restart_at = kNever;
   slot.proxy->Heal();
   PodProcess* raw = p.get();
   pods_.push_back(std::move(p));

@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "chaos/spawn.h"
 #include "setpoint/testing/redis_server.h"
 
 namespace setpoint::chaos {
@@ -192,16 +192,8 @@ absl::Status ChaosRedis::Start() {
         << "logfile " << dir_ << "/redis.log\n"
         << "daemonize no\n";
   }
-  pid_t parent = getpid();
-  pid_t pid = fork();
+  const pid_t pid = SpawnChild({binary, conf});
   if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    execl(binary.c_str(), binary.c_str(), conf.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
   pid_ = pid;
   int64_t deadline = NowNanos() + 10'000'000'000;
   while (true) {

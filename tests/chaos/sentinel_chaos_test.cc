@@ -10,9 +10,7 @@
 // client call inside its node's ownership, tokens that only grow, and every
 // failover's takeover within lease + the sentinels' failover time + poll
 // (+ slack). tests/chaos/README.md has the knobs.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "chaos/analyzer.h"
+#include "chaos/spawn.h"
 #include "gtest/gtest.h"
 #include "setpoint/testing/redis_sentinel_set.h"
 #include "setpoint/testing/redis_server.h"
@@ -102,7 +101,6 @@ std::unique_ptr<Pod> StartPod(const Config& c, const std::string& dir,
   p->id = absl::StrCat("p", i);
   p->log = absl::StrCat(dir, "/", p->id, ".log");
   p->err = absl::StrCat(dir, "/", p->id, ".err");
-  const std::string& err = p->err;
   std::vector<std::string> args = {
       SETPOINT_CHAOS_POD,
       "--sentinels=" + absl::StrJoin(redis.sentinel_addresses(), ","),
@@ -116,23 +114,7 @@ std::unique_ptr<Pod> StartPod(const Config& c, const std::string& dir,
       absl::StrCat("--poll_ms=", c.poll_ms),
       "--ns=chaos-sentinel",
   };
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  p->pid = pid;
+  p->pid = SpawnChild(std::move(args), p->err);
   return p;
 }
 
@@ -244,7 +226,10 @@ TEST(ChaosTest, SentinelMasterKillsKeepOneOwnerPerShard) {
       static_cast<long long>(c.failover_timeout_ms), dir.c_str(),
       redis.dir().c_str());
   std::vector<std::unique_ptr<Pod>> pods;
-  for (int i = 0; i < c.pods; ++i) pods.push_back(StartPod(c, dir, redis, i));
+  for (int i = 0; i < c.pods; ++i) {
+    pods.push_back(StartPod(c, dir, redis, i));
+    ASSERT_GT(pods.back()->pid, 0) << "could not fork pod " << i;
+  }
   std::string why;
   ASSERT_NE(AwaitOwnedOnce(c, pods, absl::Seconds(30), &why), kNever) << why;
 

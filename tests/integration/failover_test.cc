@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "chaos/spawn.h"
 #include "gtest/gtest.h"
 #include "setpoint/node/shard.h"
 #include "setpoint/testing/await.h"
@@ -154,25 +155,18 @@ class Pod {
  public:
   Pod(const std::string& redis, const std::string& id, const std::string& dir)
       : id_(id), log_(dir + "/" + id + ".log") {
-    pid_ = fork();
-    if (pid_ == 0) {
-      // The chaos suite's pod: two nodes of kind "work" on a ring of 64.
-      std::string args[] = {
-          "--redis=" + redis,
-          "--pod=" + id,
-          "--log=" + log_,
-          "--nodes=2",
-          "--ring=" + std::to_string(kRing),
-          "--lease_ms=" + std::to_string(kLeaseMs),
-          "--poll_ms=" + std::to_string(kPollMs),
-          "--ns=failover",
-      };
-      execl(SETPOINT_CHAOS_POD, SETPOINT_CHAOS_POD, args[0].c_str(),
-            args[1].c_str(), args[2].c_str(), args[3].c_str(), args[4].c_str(),
-            args[5].c_str(), args[6].c_str(), args[7].c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
+    // The chaos suite's pod: two nodes of kind "work" on a ring of 64.
+    pid_ = chaos::SpawnChild({
+        SETPOINT_CHAOS_POD,
+        "--redis=" + redis,
+        "--pod=" + id,
+        "--log=" + log_,
+        "--nodes=2",
+        "--ring=" + std::to_string(kRing),
+        "--lease_ms=" + std::to_string(kLeaseMs),
+        "--poll_ms=" + std::to_string(kPollMs),
+        "--ns=failover",
+    });
   }
   ~Pod() {
     if (pid_ > 0 && !reaped_) {
@@ -180,8 +174,12 @@ class Pod {
       waitpid(pid_, nullptr, 0);
     }
   }
-  void Signal(int sig) { kill(pid_, sig); }
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  // The exit status; -1 if the pod never started.
   int Wait() {
+    if (pid_ <= 0) return -1;
     int status = 0;
     waitpid(pid_, &status, 0);
     reaped_ = true;

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "chaos/analyzer.h"
+#include "chaos/spawn.h"
 #include "gtest/gtest.h"
 #include "setpoint/testing/await.h"
 #include "setpoint/testing/redis_server.h"
@@ -53,7 +54,8 @@ class PodProcess {
       : id_(id),
         incarnation_(incarnation),
         log_(absl::StrCat(dir, "/", id, ".", incarnation, ".log")) {
-    const std::string args[] = {
+    pid_ = chaos::SpawnChild({
+        SETPOINT_CHAOS_POD,
         "--redis=" + redis,
         "--pod=" + id,
         "--log=" + log_,
@@ -63,15 +65,7 @@ class PodProcess {
         absl::StrCat("--poll_ms=", kPollMs),
         "--ns=static",
         "--static_membership=1",
-    };
-    pid_ = fork();
-    if (pid_ == 0) {
-      execl(SETPOINT_CHAOS_POD, SETPOINT_CHAOS_POD, args[0].c_str(),
-            args[1].c_str(), args[2].c_str(), args[3].c_str(), args[4].c_str(),
-            args[5].c_str(), args[6].c_str(), args[7].c_str(), args[8].c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
+    });
   }
   ~PodProcess() {
     if (pid_ > 0 && !reaped_) {
@@ -82,8 +76,10 @@ class PodProcess {
   PodProcess(const PodProcess&) = delete;
   PodProcess& operator=(const PodProcess&) = delete;
 
-  // Sends `sig`, then returns the exit status once it exited.
+  // Sends `sig`, then returns the exit status once it exited (-1 if it
+  // never started).
   int Terminate(int sig = SIGTERM) {
+    if (pid_ <= 0) return -1;
     kill(pid_, sig);
     int status = 0;
     waitpid(pid_, &status, 0);
